@@ -1,0 +1,1 @@
+"""trainguard: keeps long distributed training jobs running."""

@@ -1,0 +1,89 @@
+"""The catalogue of event types: payload model, current version, topic, key and meaning.
+
+This is the single source of truth; ``docs/events.md`` is rendered from it and a test keeps the
+two in step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from trainguard.events import payloads as p
+from trainguard.events.topics import TopicRole
+
+KeyBy = Literal["node", "job"]
+SubjectField = Literal["node", "gpu", "rank", "link", "unit"]
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class EventType:
+    name: str
+    version: int
+    payload: type[p.Payload]
+    topic: TopicRole
+    key_by: KeyBy
+    summary: str
+    requires_subject: tuple[SubjectField, ...] = ()
+
+
+EVENT_TYPES: tuple[EventType, ...] = (
+    EventType("telemetry.node", 1, p.NodeTelemetry, TopicRole.TELEMETRY, "node",
+              "All GPU, NIC, peer-path and rank-process samples of one node for one interval.",
+              ("node",)),
+    EventType("node.health", 1, p.NodeHealth, TopicRole.TELEMETRY, "node",
+              "A discrete node signal: kernel XID/AER/link/OOM line, imported fault log entry.",
+              ("node",)),
+    EventType("step.report", 2, p.StepReport, TopicRole.TASK, "job",
+              "One training step of one rank: timings, data position, loss, binding epoch.",
+              ("rank",)),
+    EventType("heartbeat", 1, p.Heartbeat, TopicRole.TASK, "job",
+              "A rank is alive between step reports (long steps, checkpoints, data waits).",
+              ("rank",)),
+    EventType("process.exit", 1, p.ProcessExit, TopicRole.TASK, "job",
+              "A rank process ended: exit code or signal, and how the exit was seen.",
+              ("node",)),
+    EventType("checkpoint", 1, p.CheckpointEvent, TopicRole.TASK, "job",
+              "A checkpoint was written, verified, found corrupt or loaded."),
+    EventType("verdict", 1, p.Verdict, TopicRole.VERDICTS, "job",
+              "A rule opened or resolved a located, evidenced verdict."),
+    EventType("command", 1, p.Command, TopicRole.COMMANDS, "job",
+              "A signed remediation decision for the actuator (tier 1-3 or escalation)."),
+    EventType("command.outcome", 1, p.CommandOutcome, TopicRole.OUTCOMES, "job",
+              "What happened to a command: accepted, done, failed, timed out or refused."),
+    EventType("injection", 1, p.Injection, TopicRole.DRILLS, "job",
+              "A drill injected (or rolled back) one fault."),
+    EventType("incident.transition", 1, p.IncidentTransition, TopicRole.INCIDENTS, "job",
+              "An incident moved between detected, located, mitigating and its end states."),
+)
+
+BY_NAME: Mapping[str, EventType] = {t.name: t for t in EVENT_TYPES}
+
+
+def _step_report_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 carried one ``data_position`` (samples consumed); v2 names it and adds the layout.
+
+    The layout fields (dp_rank, pp_stage, tp_rank) and binding_epoch are additive with
+    defaults, so only the rename needs work here.
+    """
+    out = dict(payload)
+    if "data_position" in out:
+        out.setdefault("samples_consumed", out.pop("data_position"))
+    return out
+
+
+# (type, from_version) -> function producing the payload of from_version + 1.
+UPCASTERS: Mapping[tuple[str, int], Upcaster] = {
+    ("step.report", 1): _step_report_v1_to_v2,
+}
+
+
+def upcast(type_name: str, version: int, payload: dict[str, Any]) -> dict[str, Any]:
+    """Bring a payload written at ``version`` up to the current version of its type."""
+    current = BY_NAME[type_name].version
+    while version < current:
+        payload = UPCASTERS[(type_name, version)](payload)
+        version += 1
+    return payload
