@@ -1,1 +1,1 @@
-
+"""Kafka I/O at the edge: configuration, topics, producing and validated consuming."""

@@ -29,7 +29,7 @@ class Discrete:
     payload: Payload
     job_id: str
     event_time: int
-    subject: Subject = Subject()
+    subject: Subject = field(default_factory=Subject)
 
 
 @dataclass

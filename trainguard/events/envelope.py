@@ -8,7 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny
 
 from trainguard.events.payloads import Payload, TimeUs
 
-JobId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+JobId = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+]
 
 
 class Subject(BaseModel):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 _MAX_VALUE_REPR = 200
 
 
-def _short_repr(value: object) -> str:
+def short_repr(value: object) -> str:
     text = repr(value)
     if len(text) > _MAX_VALUE_REPR:
         return text[: _MAX_VALUE_REPR - 3] + "..."
@@ -23,7 +23,7 @@ class FieldError:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.field}: {self.reason} (got {_short_repr(self.value)})"
+        return f"{self.field}: {self.reason} (got {short_repr(self.value)})"
 
 
 class ContractError(ValueError):

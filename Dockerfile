@@ -1,0 +1,9 @@
+# The trainguard services' image (agent, streams, actuator, ... are subcommands).
+FROM python:3.11-slim
+RUN apt-get update && apt-get install -y --no-install-recommends iproute2 nftables procps \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /opt/trainguard
+COPY pyproject.toml README.md ./
+COPY trainguard ./trainguard
+RUN pip install --no-cache-dir .
+ENTRYPOINT ["trainguard"]

@@ -1,0 +1,58 @@
+"""Codec rate: encode and decode (with full validation) of the two hottest event types.
+
+    .venv/bin/python -m bench.bench_codec
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from collections.abc import Callable
+from typing import Any
+
+from bench._common import median_rate
+from trainguard.events import Subject, decode, encode, make_event
+from trainguard.events import payloads as p
+from trainguard.events.samples import sample_events
+
+N = 20_000
+
+
+def node_record(gpus: int = 8) -> bytes:
+    base = next(e for e in sample_events() if e.type == "telemetry.node")
+    tele = base.payload
+    assert isinstance(tele, p.NodeTelemetry)
+    batch = tele.model_copy(update={
+        "gpus": [tele.gpus[0].model_copy(update={"index": i}) for i in range(gpus)],
+        "processes": [tele.processes[0].model_copy(update={"rank": i, "pid": 1000 + i})
+                      for i in range(gpus)],
+    })
+    return encode(make_event(batch, event_id="benchnode01", job_id="job-bench",
+                             event_time=base.event_time, source="bench",
+                             subject=Subject(node="node-0")))
+
+
+def _times(fn: Callable[[Any], object], arg: Any) -> Callable[[], int]:
+    def run() -> int:
+        for _ in range(N):
+            fn(arg)  # results are dropped at once: no GC pressure from kept objects
+        return N
+
+    return run
+
+
+def main() -> None:
+    step_raw = encode(next(e for e in sample_events() if e.type == "step.report"))
+    node_raw = node_record()
+    for name, raw, samples in (("step.report", step_raw, 1), ("telemetry.node x8 GPU", node_raw, 8)):
+        ev = decode(raw)
+        dec = median_rate(_times(decode, raw))
+        enc = median_rate(_times(encode, ev))
+        raw_json = median_rate(_times(orjson.loads, raw))
+        print(f"{name:24s} {len(raw):5d} B  decode+validate {dec:10,.0f}/s "
+              f"({dec * samples:12,.0f} samples/s)  encode {enc:10,.0f}/s  "
+              f"raw orjson.loads {raw_json:10,.0f}/s  validate cost ratio {dec / raw_json:.2f}")
+
+
+if __name__ == "__main__":
+    main()

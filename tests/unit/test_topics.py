@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import pytest
+
+from trainguard.events import encode, partition_key
+from trainguard.events.registry import BY_NAME, EVENT_TYPES
+from trainguard.events.samples import sample_events
+from trainguard.events.topics import SPEC_BY_ROLE, TOPIC_SPECS, TopicNames, TopicRole
+
+
+def test_every_role_has_one_spec_and_every_type_a_topic() -> None:
+    assert {s.role for s in TOPIC_SPECS} == set(TopicRole)
+    assert len(TOPIC_SPECS) == len(TopicRole)
+    for t in EVENT_TYPES:
+        assert t.topic in SPEC_BY_ROLE
+        assert SPEC_BY_ROLE[t.topic].key == t.key_by
+
+
+def test_the_event_log_keeps_everything() -> None:
+    for spec in TOPIC_SPECS:
+        cfg = spec.configs()
+        assert cfg["retention.ms"] == "-1"
+        assert cfg["retention.bytes"] == "-1"
+        assert cfg["cleanup.policy"] == "delete"
+
+
+def test_keys_follow_the_registry() -> None:
+    for ev in sample_events(job_id="job-77"):
+        key = partition_key(ev)
+        if BY_NAME[ev.type].key_by == "node":
+            assert key == ev.subject.node.encode()  # type: ignore[union-attr]
+        else:
+            assert key == b"job-77"
+        assert encode(ev)
+
+
+def test_prefix_names_and_reverse_lookup() -> None:
+    names = TopicNames("t42")
+    assert names.name(TopicRole.TASK) == "t42.task"
+    assert names.role_of("t42.verdicts") is TopicRole.VERDICTS
+    with pytest.raises(KeyError):
+        names.role_of("tg.verdicts")

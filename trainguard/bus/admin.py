@@ -1,0 +1,80 @@
+"""Create the registry's topics on a broker, with their partitions and retention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+
+from trainguard.bus.config import KafkaConfig
+from trainguard.events.topics import SPEC_BY_ROLE, TOPIC_SPECS, TopicNames, TopicRole
+
+
+@dataclass(frozen=True)
+class TopicState:
+    name: str
+    partitions: int
+    created: bool
+
+
+async def ensure_topics(
+    config: KafkaConfig,
+    names: TopicNames | None = None,
+    *,
+    partitions: dict[TopicRole, int] | None = None,
+    replication_factor: int = 1,
+) -> list[TopicState]:
+    """Create every registered topic that is missing; report each topic's partitions.
+
+    ``partitions`` overrides the registry's count per role (small local brokers, tests).
+    An existing topic is left as it is; its actual partition count is reported.
+    """
+    names = names or TopicNames(config.topic_prefix)
+    wanted = {
+        names.name(s.role): (partitions or {}).get(s.role, s.partitions) for s in TOPIC_SPECS
+    }
+    admin = AIOKafkaAdminClient(**config.client_kwargs())
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        new = [
+            NewTopic(
+                name=name,
+                num_partitions=count,
+                replication_factor=replication_factor,
+                topic_configs=SPEC_BY_ROLE[names.role_of(name)].configs(),
+            )
+            for name, count in wanted.items()
+            if name not in existing
+        ]
+        if new:
+            try:
+                await admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass  # a concurrent creator won the race; the describe below tells the truth
+        described = await admin.describe_topics(list(wanted))
+        actual = {d["topic"]: len(d["partitions"]) for d in described}
+        return [
+            TopicState(name, actual.get(name, 0), name not in existing) for name in wanted
+        ]
+    finally:
+        await admin.close()
+
+
+async def topic_configs(config: KafkaConfig, topic: str) -> dict[str, str]:
+    """The broker's view of one topic's configuration (for checks and `topics describe`)."""
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    admin = AIOKafkaAdminClient(**config.client_kwargs())
+    await admin.start()
+    try:
+        res = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        out: dict[str, str] = {}
+        for response in res:
+            for resource in response.resources:
+                for entry in resource[4]:
+                    out[entry[0]] = entry[1]
+        return out
+    finally:
+        await admin.close()

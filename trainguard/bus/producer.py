@@ -1,0 +1,81 @@
+"""Publishing events: the registry picks topic and key; acks=all with idempotence on."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from trainguard.bus.config import KafkaConfig
+from trainguard.events.clock import now_us
+from trainguard.events.codec import encode, partition_key
+from trainguard.events.envelope import Event
+from trainguard.events.registry import BY_NAME
+from trainguard.events.topics import TopicNames
+
+PRODUCER_SETTINGS: dict[str, Any] = {
+    "acks": "all",
+    "enable_idempotence": True,
+    "linger_ms": 5,
+    "compression_type": None,
+}
+
+
+def stamp_ingest(event: Event, at_us: int) -> Event:
+    """The event as it enters the pipeline: ``ingest_time`` set once, never overwritten."""
+    if event.ingest_time is not None:
+        return event
+    return event.model_copy(update={"ingest_time": at_us})
+
+
+class EventProducer:
+    def __init__(self, config: KafkaConfig, names: TopicNames | None = None, **settings: Any):
+        self.config = config
+        self.names = names or TopicNames(config.topic_prefix)
+        merged = {**PRODUCER_SETTINGS, **settings}
+        self._producer = AIOKafkaProducer(**config.client_kwargs(), **merged)
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def __aenter__(self) -> EventProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def topic_for(self, event: Event) -> str:
+        return self.names.name(BY_NAME[event.type].topic)
+
+    async def send(self, event: Event) -> Any:
+        """Send and wait for the broker's acknowledgement; returns the record metadata."""
+        fut = await self.enqueue(event)
+        return await fut
+
+    async def enqueue(self, event: Event) -> Any:
+        """Hand the event to the client's batcher; the returned future resolves on ack."""
+        event = stamp_ingest(event, now_us())
+        return await self._producer.send(
+            self.topic_for(event),
+            value=encode(event),
+            key=partition_key(event),
+            timestamp_ms=event.event_time // 1000,
+        )
+
+    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
+        """Bytes as they are: for the dead-letter topic and for tests of bad input."""
+        fut = await self._producer.send(topic, value=value, key=key)
+        return await fut
+
+    async def flush(self) -> None:
+        await self._producer.flush()

@@ -1,0 +1,26 @@
+"""Settings every subcommand shares: where Kafka is and which topic prefix to use."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from trainguard.bus.config import KafkaConfig
+from trainguard.dev.kafka import KafkaBroker
+
+
+def add_kafka_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default: "
+                        "$TRAINGUARD_KAFKA_BOOTSTRAP, else the dev broker if running)")
+    parser.add_argument("--prefix", help="topic prefix (default: $TRAINGUARD_KAFKA_TOPIC_PREFIX "
+                        "or 'tg')")
+
+
+def kafka_config(args: argparse.Namespace, client_id: str = "trainguard") -> KafkaConfig:
+    bootstrap = getattr(args, "bootstrap", None)
+    if not bootstrap and not os.environ.get("TRAINGUARD_KAFKA_BOOTSTRAP"):
+        dev = KafkaBroker().running()
+        if dev is not None:
+            bootstrap = dev.bootstrap
+    return KafkaConfig.from_env(bootstrap=bootstrap, topic_prefix=getattr(args, "prefix", None),
+                                client_id=client_id)

@@ -1,0 +1,1 @@
+"""The demo behind README's main command."""
