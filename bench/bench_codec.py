@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-import orjson
-
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from bench._common import median_rate
 from trainguard.events import Subject, decode, encode, make_event
@@ -44,7 +44,8 @@ def _times(fn: Callable[[Any], object], arg: Any) -> Callable[[], int]:
 def main() -> None:
     step_raw = encode(next(e for e in sample_events() if e.type == "step.report"))
     node_raw = node_record()
-    for name, raw, samples in (("step.report", step_raw, 1), ("telemetry.node x8 GPU", node_raw, 8)):
+    cases = (("step.report", step_raw, 1), ("telemetry.node x8 GPU", node_raw, 8))
+    for name, raw, samples in cases:
         ev = decode(raw)
         dec = median_rate(_times(decode, raw))
         enc = median_rate(_times(encode, ev))

@@ -1,0 +1,1 @@
+"""The node agent: collectors of one node, batched into Kafka, spooled through outages."""

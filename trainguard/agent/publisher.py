@@ -1,0 +1,131 @@
+"""Drains the spool into Kafka, in order, through outages.
+
+Records are settled in the spool only once the broker acknowledged them (acks=all, idempotent
+producer); a record whose send failed stays at the head and is sent again when Kafka is back,
+so nothing is lost and per-partition order is kept. A retry can only duplicate a record whose
+acknowledgement was lost in flight; consumers dedupe those by ``event_id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from trainguard.agent.metrics import AgentMetrics
+from trainguard.agent.spool import DiskSpool, Spooled
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.producer import PRODUCER_SETTINGS
+
+log = logging.getLogger(__name__)
+
+
+class SpoolPublisher:
+    def __init__(self, spool: DiskSpool, config: KafkaConfig, metrics: AgentMetrics, *,
+                 batch: int = 1000, send_timeout_s: float = 15.0,
+                 backoff_s: tuple[float, float] = (0.2, 5.0)) -> None:
+        self.spool = spool
+        self.config = config
+        self.metrics = metrics
+        self.batch = batch
+        self.send_timeout_s = send_timeout_s
+        self.backoff_s = backoff_s
+        self.wakeup = asyncio.Event()
+        self._producer: AIOKafkaProducer | None = None
+        self._entered: dict[int, float] = {}
+
+    def note_put(self, rec: Spooled) -> None:
+        self._entered[rec.seq] = time.monotonic()
+        self.wakeup.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        delay = self.backoff_s[0]
+        while not (stop.is_set() and not len(self.spool)):
+            head = self.spool.head(self.batch)
+            self._gauge()
+            if not head:
+                self.wakeup.clear()
+                await _wait_any(self.wakeup, stop, timeout=1.0)
+                continue
+            if await self._publish(head):
+                delay = self.backoff_s[0]
+                continue
+            if stop.is_set():
+                break
+            await _wait_any(stop, None, timeout=delay)
+            delay = min(delay * 2, self.backoff_s[1])
+        await self._close_producer()
+        self._gauge()
+
+    async def _publish(self, head: list[Spooled]) -> bool:
+        try:
+            producer = await self._ensure_producer()
+            futures = [await producer.send(r.topic, value=r.value, key=r.key,
+                                           timestamp_ms=r.timestamp_ms) for r in head]
+            done, _pending = await asyncio.wait(futures, timeout=self.send_timeout_s)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            return await self._down(exc)
+        acked = [r for r, f in zip(head, futures, strict=True)
+                 if f in done and not f.cancelled() and f.exception() is None]
+        self._settle(acked)
+        if len(acked) < len(head):
+            return await self._down(RuntimeError(f"{len(head) - len(acked)} records unacked"))
+        self.metrics.broker_up.set(1)
+        return True
+
+    def _settle(self, acked: list[Spooled]) -> None:
+        now = time.monotonic()
+        self.spool.done([r.seq for r in acked])
+        for r in acked:
+            self.metrics.published.labels(r.event_type).inc()
+            entered = self._entered.pop(r.seq, None)
+            if entered is not None:
+                self.metrics.publish_latency.observe(now - entered)
+        self._gauge()
+
+    async def _down(self, exc: BaseException) -> bool:
+        self.metrics.broker_up.set(0)
+        log.warning("kafka unreachable, %d records spooled: %s", len(self.spool), exc)
+        await self._close_producer()
+        return False
+
+    async def _ensure_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            producer = AIOKafkaProducer(**self.config.client_kwargs(), **PRODUCER_SETTINGS,
+                                        request_timeout_ms=int(self.send_timeout_s * 1000))
+            try:
+                await asyncio.wait_for(producer.start(), self.send_timeout_s)
+            except BaseException:
+                await _quiet_stop(producer)
+                raise
+            self._producer = producer
+        return self._producer
+
+    async def _close_producer(self) -> None:
+        if self._producer is not None:
+            producer, self._producer = self._producer, None
+            await _quiet_stop(producer)
+
+    def _gauge(self) -> None:
+        self.metrics.spool_depth.set(len(self.spool))
+        self.metrics.spool_bytes.set(self.spool.live_bytes)
+
+
+async def _quiet_stop(producer: AIOKafkaProducer) -> None:
+    try:
+        await asyncio.wait_for(producer.stop(), 5)
+    except Exception as exc:
+        log.debug("producer stop: %s", exc)
+
+
+async def _wait_any(a: asyncio.Event, b: asyncio.Event | None, timeout: float) -> None:
+    waits = [asyncio.ensure_future(a.wait())]
+    if b is not None:
+        waits.append(asyncio.ensure_future(b.wait()))
+    _done, pending = await asyncio.wait(waits, timeout=timeout,
+                                        return_when=asyncio.FIRST_COMPLETED)
+    for p in pending:
+        p.cancel()
