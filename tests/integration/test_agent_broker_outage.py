@@ -13,6 +13,7 @@ from trainguard.agent.publisher import SpoolPublisher
 from trainguard.agent.spool import DiskSpool
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.producer import EventProducer
 from trainguard.collectors.base import Discrete, Reading
 from trainguard.dev.kafka import KafkaBroker
 from trainguard.events.envelope import Subject
@@ -101,3 +102,36 @@ def test_step_reports_survive_a_broker_outage_exactly_once_in_order(
     for rank in range(RANKS):
         seen = [r.step for r in reports if r.rank == rank]
         assert seen == list(range(steps)), f"rank {rank}: lost, duplicated or reordered"
+
+
+def test_an_uncertain_record_already_written_is_not_sent_again(
+    kafka: KafkaConfig, tmp_path: Path
+) -> None:
+    """The outage's hard case made deterministic: the broker wrote a record, the ack was lost."""
+    names = TopicNames(kafka.topic_prefix)
+    topic = names.name(TopicRole.TASK)
+    spool = DiskSpool(tmp_path / "spool")
+    publisher = SpoolPublisher(spool, kafka, AgentMetrics(), send_timeout_s=5.0)
+    written = spool.put(topic, b"job-u", b'{"already":"written"}', "step.report", 1)
+    fresh = spool.put(topic, b"job-u", b'{"not":"yet"}', "step.report", 2)
+
+    async def scenario() -> list[bytes]:
+        async with EventProducer(kafka) as producer:
+            await producer.send_raw(topic, written.value, key=written.key)
+        publisher._uncertain.add(written.seq)  # as a failed, unacknowledged send leaves it
+        assert await publisher._publish(spool.head(10))
+        await publisher._close_producer()
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(topic, **kafka.client_kwargs(), group_id=None,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            got = await consumer.getmany(timeout_ms=3000)
+        finally:
+            await consumer.stop()
+        return sorted(r.value for recs in got.values() for r in recs)
+
+    values = arun(scenario())
+    assert values == sorted([written.value, fresh.value])  # each exactly once
+    assert publisher.reconciled == 1 and len(spool) == 0

@@ -2,17 +2,23 @@
 
 Records are settled in the spool only once the broker acknowledged them (acks=all, idempotent
 producer); a record whose send failed stays at the head and is sent again when Kafka is back,
-so nothing is lost and per-partition order is kept. A retry can only duplicate a record whose
-acknowledgement was lost in flight; consumers dedupe those by ``event_id``.
+so nothing is lost and per-partition order is kept.
+
+A failed send has an unknown outcome: the broker may have written the batch and lost only the
+acknowledgement (a broker stopped mid-request does that). Such records are *uncertain*; before
+one is sent again, the publisher reads the tail of its topic and settles it without resending
+if its exact bytes are already there. So an outage neither loses nor duplicates a record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from trainguard.agent.metrics import AgentMetrics
@@ -36,6 +42,8 @@ class SpoolPublisher:
         self.wakeup = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._entered: dict[int, float] = {}
+        self._uncertain: set[int] = set()
+        self.reconciled = 0  # uncertain records found already written, not sent again
 
     def note_put(self, rec: Spooled) -> None:
         self._entered[rec.seq] = time.monotonic()
@@ -62,6 +70,10 @@ class SpoolPublisher:
 
     async def _publish(self, head: list[Spooled]) -> bool:
         try:
+            if self._uncertain & {r.seq for r in head}:
+                head = await self._reconcile(head)
+                if not head:
+                    return True
             producer = await self._ensure_producer()
             futures = [await producer.send(r.topic, value=r.value, key=r.key,
                                            timestamp_ms=r.timestamp_ms) for r in head]
@@ -72,9 +84,26 @@ class SpoolPublisher:
                  if f in done and not f.cancelled() and f.exception() is None]
         self._settle(acked)
         if len(acked) < len(head):
+            acked_seqs = {r.seq for r in acked}
+            self._uncertain.update(r.seq for r in head if r.seq not in acked_seqs)
             return await self._down(RuntimeError(f"{len(head) - len(acked)} records unacked"))
         self.metrics.broker_up.set(1)
         return True
+
+    async def _reconcile(self, head: list[Spooled]) -> list[Spooled]:
+        """Settle the uncertain records already on their topic; return those still to send."""
+        uncertain = [r for r in head if r.seq in self._uncertain]
+        window = 2 * len(uncertain) + 1000
+        present = await _tail_digests(self.config, sorted({r.topic for r in uncertain}), window,
+                                      self.send_timeout_s)
+        written = [r for r in uncertain if _digest(r.value) in present]
+        self._settle(written)
+        self.reconciled += len(written)
+        self._uncertain.difference_update(r.seq for r in uncertain)
+        done = {r.seq for r in written}
+        if written:
+            log.info("reconciled %d records already written before the outage", len(written))
+        return [r for r in head if r.seq not in done]
 
     def _settle(self, acked: list[Spooled]) -> None:
         now = time.monotonic()
@@ -112,6 +141,52 @@ class SpoolPublisher:
     def _gauge(self) -> None:
         self.metrics.spool_depth.set(len(self.spool))
         self.metrics.spool_bytes.set(self.spool.live_bytes)
+
+
+def _digest(value: bytes) -> bytes:
+    return hashlib.blake2b(value, digest_size=16).digest()
+
+
+async def _tail_digests(config: KafkaConfig, topics: list[str], window: int,
+                        timeout_s: float) -> set[bytes]:
+    """Digests of the last ``window`` records of every partition of ``topics``."""
+    consumer = AIOKafkaConsumer(**config.client_kwargs(), group_id=None,
+                                enable_auto_commit=False, isolation_level="read_uncommitted")
+    await asyncio.wait_for(consumer.start(), timeout_s)
+    try:
+        parts = [TopicPartition(t, p) for t in topics
+                 for p in await _partitions(config, t, timeout_s)]
+        consumer.assign(parts)
+        ends = await consumer.end_offsets(parts)
+        starts = await consumer.beginning_offsets(parts)
+        for tp in parts:
+            consumer.seek(tp, max(starts[tp], ends[tp] - window))
+        digests: set[bytes] = set()
+        pending = {tp for tp in parts if ends[tp] > starts[tp]}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while pending and loop.time() < deadline:
+            batches = await consumer.getmany(*pending, timeout_ms=500)
+            for records in batches.values():
+                digests.update(_digest(r.value) for r in records if r.value is not None)
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+        if pending:
+            raise TimeoutError(f"could not read the tail of {sorted(map(str, pending))}")
+        return digests
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(config: KafkaConfig, topic: str, timeout_s: float) -> list[int]:
+    admin = AIOKafkaAdminClient(**config.client_kwargs())
+    await asyncio.wait_for(admin.start(), timeout_s)
+    try:
+        described = await admin.describe_topics([topic])
+        return sorted(p["partition"] for d in described for p in d["partitions"])
+    finally:
+        await admin.close()
 
 
 async def _quiet_stop(producer: AIOKafkaProducer) -> None:

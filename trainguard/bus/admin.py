@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -53,13 +55,28 @@ async def ensure_topics(
                 await admin.create_topics(new)
             except TopicAlreadyExistsError:
                 pass  # a concurrent creator won the race; the describe below tells the truth
-        described = await admin.describe_topics(list(wanted))
+        described = await _wait_for_leaders(admin, list(wanted), timeout_s=30.0)
         actual = {d["topic"]: len(d["partitions"]) for d in described}
         return [
             TopicState(name, actual.get(name, 0), name not in existing) for name in wanted
         ]
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str],
+                            timeout_s: float) -> list[Any]:
+    """Describe the topics once every partition has a leader (new topics need a moment)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        described: list[Any] = await admin.describe_topics(topics)
+        ready = all(d.get("error_code", 0) == 0 and d["partitions"]
+                    and all(part.get("leader", -1) >= 0 for part in d["partitions"])
+                    for d in described)
+        if ready or loop.time() > deadline:
+            return described
+        await asyncio.sleep(0.2)
 
 
 async def topic_configs(config: KafkaConfig, topic: str) -> dict[str, str]:
