@@ -135,13 +135,21 @@ class NodeAgent:
 
     # -- the loop -----------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event,
-                  readers: Sequence[tuple[int, Callable[[], Sequence[Discrete]]]] = ()) -> None:
-        """Tick every interval until ``stop``; drain each (fd, drain) reader when readable."""
+    async def run(
+        self,
+        stop: asyncio.Event,
+        readers: Sequence[tuple[int, Callable[[], Sequence[Discrete]]]] = (),
+        fast_polls: Sequence[Callable[[int], Sequence[Discrete]]] = (),
+        fast_poll_s: float = 0.05,
+    ) -> None:
+        """Tick every interval until ``stop``. Between ticks, drain each (fd, drain) reader
+        as soon as it is readable, and run each fast poll (e.g. pidfd exits) every
+        ``fast_poll_s``, so urgent events do not wait for the next interval."""
         loop = asyncio.get_running_loop()
         for fd, drain in readers:
             loop.add_reader(fd, self._drain_reader, drain)
         publisher = asyncio.create_task(self.publisher.run(stop))
+        fast = asyncio.create_task(self._fast_polls(stop, fast_polls, fast_poll_s))
         try:
             next_at = loop.time()
             while not stop.is_set():
@@ -158,7 +166,19 @@ class NodeAgent:
         finally:
             for fd, _ in readers:
                 loop.remove_reader(fd)
+            await fast
             await publisher
+
+    async def _fast_polls(self, stop: asyncio.Event,
+                          polls: Sequence[Callable[[int], Sequence[Discrete]]],
+                          every_s: float) -> None:
+        while polls and not stop.is_set():
+            for poll in polls:
+                self._drain_reader(lambda poll=poll: poll(now_us()))  # type: ignore[misc]
+            try:
+                await asyncio.wait_for(stop.wait(), every_s)
+            except TimeoutError:
+                pass
 
     def _drain_reader(self, drain: Callable[[], Sequence[Discrete]]) -> None:
         try:

@@ -8,10 +8,11 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from trainguard.cli import demo, dev, events, topics
+from trainguard.cli import agent, demo, dev, events, topics
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 SUBCOMMANDS: tuple[Register, ...] = (
+    agent.register,
     demo.register,
     dev.register,
     events.register,

@@ -224,6 +224,10 @@ class ProcessCollector:
     def watched(self) -> list[int]:
         return sorted(self._watched)
 
+    def jobs(self) -> list[str]:
+        """The jobs with a watched process on this node."""
+        return sorted({w.job_id for w in self._watched.values()})
+
     def exit_fds(self) -> list[int]:
         """The pidfds held: each turns readable when its process ends (for select/asyncio)."""
         return [w.pidfd for w in self._watched.values() if w.pidfd is not None]

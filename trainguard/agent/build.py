@@ -1,0 +1,110 @@
+"""Assemble a node agent from options: which collectors, where the spool is, which readers.
+
+The one place that knows every concrete collector; the agent loop itself only knows the
+``Collector`` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.agent.metrics import AgentMetrics
+from trainguard.agent.node_agent import AgentIdentity, NodeAgent
+from trainguard.agent.publisher import SpoolPublisher
+from trainguard.agent.spool import DiskSpool
+from trainguard.bus.config import KafkaConfig
+from trainguard.collectors.base import Collector, Discrete, Reading
+from trainguard.collectors.process import ProcessCollector
+from trainguard.events.topics import TopicNames
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    node: str
+    spool_dir: Path
+    job_id: str | None = None
+    interval_s: float = 1.0
+    spool_max_bytes: int = 256 << 20
+    socket_path: Path | None = None
+    gpu: str = "auto"
+    dcgm_url: str = "http://127.0.0.1:9400/metrics"
+    interfaces: Sequence[str] | None = None
+    peers: Sequence[str] = ()
+    kernel_log: bool = True
+    fault_log: Path | None = None
+    discover: bool = False
+
+
+@dataclass
+class BuiltAgent:
+    agent: NodeAgent
+    metrics: AgentMetrics
+    processes: ProcessCollector
+    readers: list[tuple[int, Callable[[], Sequence[Discrete]]]] = field(default_factory=list)
+    fast_polls: list[Callable[[int], Sequence[Discrete]]] = field(default_factory=list)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await self.agent.run(stop, self.readers, self.fast_polls)
+
+    def close(self) -> None:
+        for close in reversed(self.closers):
+            try:
+                close()
+            except Exception:
+                log.exception("closing a collector failed")
+
+
+def build_agent(opts: AgentOptions, config: KafkaConfig) -> BuiltAgent:
+    metrics = AgentMetrics()
+    identity = AgentIdentity(opts.node, opts.job_id)
+    spool = DiskSpool(opts.spool_dir, max_bytes=opts.spool_max_bytes)
+    publisher = SpoolPublisher(spool, config, metrics)
+    processes = ProcessCollector(opts.node)
+    collectors: list[Collector] = [_Discovery(processes)] if opts.discover else []
+    collectors.append(processes)
+    closers: list[Callable[[], None]] = [spool.close, processes.close]
+    if opts.kernel_log:
+        from trainguard.collectors.kernel_log import KernelLogFollower, open_kernel_log
+
+        try:
+            source = open_kernel_log()
+        except OSError as exc:
+            log.warning("no kernel log on this node: %s", exc)
+        else:
+            collectors.append(KernelLogFollower(source, node=opts.node, job_id=opts.job_id))
+            closers.append(source.close)
+    if opts.fault_log is not None:
+        from trainguard.collectors.health_import import FaultLogFollower
+
+        collectors.append(FaultLogFollower(opts.fault_log, job_id=opts.job_id))
+    agent = NodeAgent(identity, collectors, spool, publisher, TopicNames(config.topic_prefix),
+                      metrics, interval_s=opts.interval_s,
+                      job_of_node=lambda: _single_job(processes))
+    built = BuiltAgent(agent, metrics, processes, closers=closers,
+                       fast_polls=[processes.poll_exits])
+    return built
+
+
+class _Discovery:
+    """Each interval, start watching new processes whose environment names a job."""
+
+    name = "discovery"
+
+    def __init__(self, processes: ProcessCollector) -> None:
+        self.processes = processes
+
+    def collect(self, now_us: int) -> Reading:
+        self.processes.discover()
+        return Reading()
+
+
+def _single_job(processes: ProcessCollector) -> str | None:
+    jobs = processes.jobs()
+    return jobs[0] if len(jobs) == 1 else None
