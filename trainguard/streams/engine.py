@@ -1,0 +1,23 @@
+"""What the streams app needs from the rules: one engine per job, fed events in order, whose
+state can be written to a faust table and read back after a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from trainguard.events.envelope import Event
+
+
+class JobEngine(Protocol):
+    def feed(self, event: Event) -> Sequence[Event]:
+        """Take one event of this job; return the verdict events it decides."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state, JSON-serialisable."""
+        ...
+
+
+# job id, saved snapshot (None for a new job) -> engine
+EngineFactory = Callable[[str, dict[str, Any] | None], JobEngine]
