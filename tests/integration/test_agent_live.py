@@ -13,15 +13,17 @@ from tests.integration.conftest import arun
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import Delivered, EventConsumer
 from trainguard.events.clock import now_us
-from trainguard.events.payloads import NodeTelemetry, ProcessExit, ProcessState
+from trainguard.events.payloads import NodeTelemetry, ProcessExit, ProcessState, StepReport
 from trainguard.events.topics import TopicRole
 
 INTERVAL_S = 0.25
 
 
-def _sleeper(rank: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TRAINGUARD_JOB_ID": "job-live", "TRAINGUARD_RANK": str(rank)}
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+def _rank(rank: int, sock: Path) -> subprocess.Popen[bytes]:
+    """A real rank of the toy job, reporting through the StepReporter to the agent's socket."""
+    env = {**os.environ, "TRAINGUARD_AGENT_SOCKET": str(sock)}
+    return subprocess.Popen([sys.executable, "-m", "trainguard.demo.toy_job", "--job-id",
+                             "job-live", "--rank", str(rank), "--world-size", "3"], env=env)
 
 
 def _read(kafka: KafkaConfig) -> list[Delivered]:
@@ -39,15 +41,19 @@ def _read(kafka: KafkaConfig) -> list[Delivered]:
 
 def test_agent_publishes_node_records_and_a_killed_rank_exit(kafka: KafkaConfig,
                                                              tmp_path: Path) -> None:
-    ranks = [_sleeper(0), _sleeper(1)]
+    sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(
         [sys.executable, "-m", "trainguard.cli.main", "agent", "--node", "node-live",
          "--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix, "--interval",
-         str(INTERVAL_S), "--discover", "--metrics-port", "0", "--no-kernel-log",
-         "--spool-dir", str(tmp_path / "spool"), "--socket", str(tmp_path / "agent.sock")],
+         str(INTERVAL_S), "--metrics-port", "0", "--no-kernel-log", "--gpu", "none",
+         "--spool-dir", str(tmp_path / "spool"), "--socket", str(sock)],
         stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not sock.exists() and time.monotonic() < deadline:  # the agent is listening
+        time.sleep(0.05)
+    ranks = [_rank(r, sock) for r in range(3)]
     try:
-        time.sleep(2.0)
+        time.sleep(3.0)
         killed_at = now_us()
         ranks[1].send_signal(signal.SIGKILL)  # left a zombie: the agent reads its status
         time.sleep(1.5)
@@ -63,6 +69,11 @@ def test_agent_publishes_node_records_and_a_killed_rank_exit(kafka: KafkaConfig,
     events = _read(kafka)
     tele = [d.event for d in events if d.event.type == "telemetry.node"]
     exits = [d.event for d in events if d.event.type == "process.exit"]
+    steps = [d.event.payload for d in events if isinstance(d.event.payload, StepReport)]
+    for r in range(3):  # every rank's reports arrive, in order, from step 0
+        seen = [s.step for s in steps if s.rank == r]
+        assert seen and seen == list(range(len(seen))), r
+        assert all(s.pid == ranks[r].pid for s in steps if s.rank == r)
     assert len(tele) >= 10
     assert all(e.subject.node == "node-live" for e in tele)
     seqs = [e.payload.seq for e in tele if isinstance(e.payload, NodeTelemetry)]
@@ -72,7 +83,8 @@ def test_agent_publishes_node_records_and_a_killed_rank_exit(kafka: KafkaConfig,
     last = before[-1].payload
     assert isinstance(last, NodeTelemetry)
     states = {s.rank: s.state for s in last.processes}
-    assert states == {0: ProcessState.SLEEPING, 1: ProcessState.SLEEPING}
+    assert set(states) == {0, 1, 2}  # watched from their first report, no discovery needed
+    assert all(st in (ProcessState.RUNNING, ProcessState.SLEEPING) for st in states.values())
 
     assert len(exits) == 1, exits
     ex = exits[0]

@@ -15,10 +15,12 @@ from pathlib import Path
 from trainguard.agent.metrics import AgentMetrics
 from trainguard.agent.node_agent import AgentIdentity, NodeAgent
 from trainguard.agent.publisher import SpoolPublisher
+from trainguard.agent.pump import SocketPump
 from trainguard.agent.spool import DiskSpool
 from trainguard.bus.config import KafkaConfig
 from trainguard.collectors.base import Collector, Discrete, Reading
 from trainguard.collectors.process import ProcessCollector
+from trainguard.collectors.steps import StepReceiver
 from trainguard.events.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,18 @@ def build_agent(opts: AgentOptions, config: KafkaConfig) -> BuiltAgent:
     collectors: list[Collector] = [_Discovery(processes)] if opts.discover else []
     collectors.append(processes)
     closers: list[Callable[[], None]] = [spool.close, processes.close]
+    gpu = _gpu_collector(opts)
+    if gpu is not None:
+        collectors.append(gpu)
+        close = getattr(gpu, "close", None)
+        if callable(close):
+            closers.append(close)
+    from trainguard.collectors.net import NetCollector, PeerSpec
+
+    net = NetCollector(opts.node, job_id=opts.job_id, interfaces=opts.interfaces,
+                       peers=[PeerSpec(host) for host in opts.peers])
+    collectors.append(net)
+    closers.append(net.close)
     if opts.kernel_log:
         from trainguard.collectors.kernel_log import KernelLogFollower, open_kernel_log
 
@@ -84,12 +98,30 @@ def build_agent(opts: AgentOptions, config: KafkaConfig) -> BuiltAgent:
         from trainguard.collectors.health_import import FaultLogFollower
 
         collectors.append(FaultLogFollower(opts.fault_log, job_id=opts.job_id))
+    steps = StepReceiver(opts.node, opts.socket_path)
+    collectors.append(_StepSocketHealth(steps))
+    closers.append(steps.close)
     agent = NodeAgent(identity, collectors, spool, publisher, TopicNames(config.topic_prefix),
                       metrics, interval_s=opts.interval_s,
                       job_of_node=lambda: _single_job(processes))
+    pump = SocketPump(steps.fileno(), steps.drain_discrete).start()
+    closers.append(pump.stop)  # closers run in reverse: the pump stops before the socket
     built = BuiltAgent(agent, metrics, processes, closers=closers,
-                       fast_polls=[processes.poll_exits])
+                       fast_polls=[_registering(pump.take, processes), processes.poll_exits])
     return built
+
+
+class _StepSocketHealth:
+    """Reports the step socket's malformed-datagram counts each interval; the datagrams
+    themselves are drained by the pump thread, never here."""
+
+    name = "steps"
+
+    def __init__(self, receiver: StepReceiver) -> None:
+        self.receiver = receiver
+
+    def collect(self, now_us: int) -> Reading:
+        return self.receiver.drain(max_datagrams=0)
 
 
 class _Discovery:
@@ -103,6 +135,54 @@ class _Discovery:
     def collect(self, now_us: int) -> Reading:
         self.processes.discover()
         return Reading()
+
+
+def _registering(drain: Callable[[int], Sequence[Discrete]],
+                 processes: ProcessCollector) -> Callable[[int], Sequence[Discrete]]:
+    """Wrap the step socket's drain: a rank that reports is watched from its first report
+    (its pid, job, rank and binding epoch come in every datagram), so its exit is seen."""
+    from trainguard.events.payloads import Heartbeat, StepReport
+
+    known: dict[int, tuple[str, int, int]] = {}
+
+    def drain_and_register(now_us: int) -> Sequence[Discrete]:
+        items = drain(now_us)
+        for item in items:
+            p = item.payload
+            if isinstance(p, StepReport | Heartbeat) and p.pid is not None:
+                ident = (item.job_id, p.rank, p.binding_epoch)
+                if known.get(p.pid) != ident:
+                    known[p.pid] = ident
+                    processes.register(p.pid, item.job_id, p.rank, p.binding_epoch)
+        return items
+
+    return drain_and_register
+
+
+def _gpu_collector(opts: AgentOptions) -> Collector | None:
+    """The GPU source asked for; ``auto`` takes NVML where it initialises, else none."""
+    from trainguard.collectors.gpu import (
+        DcgmExporterCollector,
+        NvidiaSmiCollector,
+        NvmlCollector,
+        NvmlUnavailable,
+    )
+
+    if opts.gpu == "none":
+        return None
+    if opts.gpu == "dcgm":
+        return DcgmExporterCollector(opts.dcgm_url)
+    if opts.gpu == "smi":
+        return NvidiaSmiCollector()
+    nvml = NvmlCollector(node=opts.node, job_id=opts.job_id)
+    try:
+        nvml.open()
+    except NvmlUnavailable as exc:
+        if opts.gpu == "nvml":
+            raise
+        log.warning("no GPU telemetry on this node (NVML: %s)", exc)
+        return None
+    return nvml
 
 
 def _single_job(processes: ProcessCollector) -> str | None:

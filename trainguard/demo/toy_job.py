@@ -18,7 +18,7 @@ import time
 from trainguard.sdk import StepReporter
 
 FEATURES = 24
-BATCH = 48
+BATCH = 256
 
 
 def main() -> None:

@@ -152,7 +152,9 @@ class NodeHealth(Payload):
     device: str | None = None
     fault_class: str | None = None
     message: Annotated[str, Field(max_length=4096)] = ""
-    origin: Literal["kmsg", "journal", "dmesg", "nvml", "import", "kubernetes"] = "kmsg"
+    origin: Literal[
+        "kmsg", "journal", "dmesg", "nvml", "dcgm", "sysfs", "import", "kubernetes"
+    ] = "kmsg"
 
 
 # --- task: step.report, heartbeat, process.exit, checkpoint ---------------------------------

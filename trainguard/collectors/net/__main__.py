@@ -1,0 +1,5 @@
+import sys
+
+from trainguard.collectors.net.cli import main
+
+sys.exit(main())
