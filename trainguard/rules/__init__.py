@@ -1,1 +1,20 @@
+"""Declarative rules and pure, deterministic evaluators (see docs/rules.md).
 
+Public API: ``load_rules`` / ``load_default_rules`` / ``parse_rules`` -> ``RuleSet``;
+``RuleEngine(job_id, ruleset, snapshot=None)`` with ``feed``, ``flush``, ``snapshot``,
+``restore``; ``engine_factory(ruleset)`` for the streams app; ``replay`` for offline logs.
+"""
+
+from trainguard.rules.base import Evaluator
+from trainguard.rules.engine import RuleEngine, engine_factory, replay
+from trainguard.rules.schema import (
+           RuleError,
+           RuleSet,
+           RuleSpec,
+           load_default_rules,
+           load_rules,
+           parse_rules,
+)
+
+__all__ = ["Evaluator", "RuleEngine", "RuleError", "RuleSet", "RuleSpec", "engine_factory",
+           "load_default_rules", "load_rules", "parse_rules", "replay"]

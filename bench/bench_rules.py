@@ -1,0 +1,132 @@
+"""Rule evaluators: offline replay rate, straggler time-to-verdict, false verdicts on noise.
+
+    .venv/bin/python -m bench.bench_rules
+
+Prints figures; nothing is asserted (targets: >= 500k samples/s, <= 5 steps at 1.5x, 0 false
+verdicts over 100k rank-steps with +-10% noise). A step report is one sample; a telemetry
+record counts one sample per GPU.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import orjson
+
+from trainguard.events.envelope import Event
+from trainguard.events.payloads import NodeTelemetry, StepReport, Verdict
+from trainguard.rules import RuleEngine, RuleSet, load_default_rules, replay
+from trainguard.rules.synth import gpu, job_steps, telemetry
+
+T0 = 1_700_000_000_000_000
+STEP_US = 200_000
+
+
+def samples(events: list[Event]) -> int:
+    n = 0
+    for e in events:
+        p = e.payload
+        n += len(p.gpus) if isinstance(p, NodeTelemetry) else 1
+    return n
+
+
+def mixed_log(ranks: int, steps: int, nodes: int) -> list[Event]:
+    """A synchronous job (5 steps/s) plus one 8-GPU telemetry record per node per second."""
+    events = list(job_steps("bench", ranks, steps, noise=0.1, step_us=STEP_US, start_us=T0))
+    seconds = steps * STEP_US // 1_000_000
+    for i in range(seconds):
+        for n in range(nodes):
+            gpus = [gpu(g, temp=60.0 + (g + i) % 3, power=400.0 + g, util=95.0) for g in range(8)]
+            events.append(telemetry("bench", f"n{n}", T0 + i * 1_000_000 + 777 + n, i, gpus))
+    return sorted(events, key=lambda e: (e.event_time, e.event_id))
+
+
+def rate(label: str, events: list[Event], rules: RuleSet, repeats: int = 3) -> float:
+    n = samples(events)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        replay(events, rules, events[0].job_id)
+        rates.append(n / (time.perf_counter() - t0))
+    r = statistics.median(rates)
+    print(f"  {label:<42} {len(events):>7} events {n:>7} samples  {r:>10,.0f} samples/s")
+    return r
+
+
+def only(rules: RuleSet, keep: Callable[[str], bool]) -> RuleSet:
+    return RuleSet(tuple(r for r in rules.rules if keep(r.kind)), rules.allowed_lateness_us)
+
+
+def time_to_verdict(factor: float, rules: RuleSet, seeds: int = 7) -> list[int | None]:
+    """Steps from the first slow step to the step whose closing opened the verdict."""
+    onset = 60
+    out: list[int | None] = []
+    for seed in range(seeds):
+        events = list(job_steps("ttv", 16, 120, noise=0.1, seed=seed, slow={5: (onset, factor)},
+                                step_us=STEP_US, start_us=T0))
+        got = None
+        for v in replay(events, rules, "ttv"):
+            p = v.payload
+            if isinstance(p, Verdict) and p.kind == "straggler" and v.subject.rank == 5:
+                got = int(str(p.evidence["step"])) - onset + 1
+                break
+        out.append(got)
+    return out
+
+
+def false_verdicts(rules: RuleSet, rank_steps: int = 100_000, ranks: int = 16) -> int:
+    engine = RuleEngine("noise", rules)
+    n = 0
+    for e in job_steps("noise", ranks, rank_steps // ranks, noise=0.1, seed=11,
+                       step_us=STEP_US, start_us=T0):
+        n += len(engine.feed(e))
+    return n + len(engine.flush())
+
+
+def snapshot_cost(events: list[Event], rules: RuleSet, reps: int = 50) -> tuple[float, int]:
+    """Microseconds for snapshot() + orjson.dumps mid-run (what the faust app pays per event),
+    and the size in bytes."""
+    engine = RuleEngine(events[0].job_id, rules)
+    for e in events[: len(events) // 2]:
+        engine.feed(e)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        raw = orjson.dumps(engine.snapshot())
+    return (time.perf_counter() - t0) / reps * 1e6, len(raw)
+
+
+def main() -> None:
+    rules = load_default_rules()
+    t_start = time.perf_counter()
+    print("replay rate (all default rules unless said):")
+    mixed = mixed_log(ranks=32, steps=1500, nodes=4)
+    rate("mixed: 32 ranks + 4 nodes x 8 GPUs", mixed, rules)
+    steps_only = [e for e in mixed if isinstance(e.payload, StepReport)]
+    tele_only = [e for e in mixed if isinstance(e.payload, NodeTelemetry)]
+    rate("step reports only", steps_only, rules)
+    rate("telemetry only (8 GPUs/record)", tele_only, rules)
+    rate("step reports, straggler rule alone", steps_only,
+         only(rules, lambda k: k == "straggler"))
+    rate("step reports, reorder buffer alone (no rules)", steps_only, only(rules, lambda k: False))
+
+    us, size = snapshot_cost(mixed, rules)
+    print(f"  snapshot + orjson.dumps mid-run (mixed job): {us:,.0f} us, {size:,} bytes")
+
+    print("straggler time-to-verdict (16 ranks, +-10% noise, 7 seeds; steps incl. the first):")
+    straggler = only(rules, lambda k: k == "straggler")
+    for factor in (1.2, 1.5, 2.0):
+        got = time_to_verdict(factor, straggler)
+        found = [g for g in got if g is not None]
+        med = statistics.median(found) if found else None
+        print(f"  {factor:.1f}x: median {med} steps, max {max(found) if found else None}, "
+              f"missed {len(got) - len(found)}/{len(got)}  {got}")
+
+    print("false verdicts, 100k rank-steps, +-10% noise, all default rules:")
+    print(f"  {false_verdicts(rules)}")
+    print(f"(bench took {time.perf_counter() - t_start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Straggler, job-wide slowdown and stage imbalance: fires, does not fire, resolves."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainguard.events.envelope import Event
+from trainguard.events.payloads import Verdict
+from trainguard.rules import RuleSet, load_default_rules, parse_rules, replay
+from trainguard.rules.stats import median, median_without
+from trainguard.rules.synth import job_steps
+
+pytestmark = pytest.mark.unit
+RULES = load_default_rules()
+
+
+def verdicts(events: list[Event], rules: RuleSet = RULES) -> list[Verdict]:
+    out = replay(events, rules, events[0].job_id)
+    payloads = [v.payload for v in out]
+    assert all(isinstance(p, Verdict) for p in payloads)
+    return [p for p in payloads if isinstance(p, Verdict)]
+
+
+def kinds(vs: list[Verdict]) -> list[tuple[str, str]]:
+    return [(v.kind, v.state.value) for v in vs]
+
+
+def test_median_without_matches_the_slow_way() -> None:
+    xs = sorted([5.0, 1.0, 3.0, 9.0, 7.0, 2.0])
+    for i in range(len(xs)):
+        assert median_without(xs, i) == median(xs[:i] + xs[i + 1:])
+
+
+def test_straggler_fires_located_with_evidence_and_resolves() -> None:
+    events = list(job_steps("j", 8, 120, noise=0.05, slow={3: (40, 1.6)}))
+    events += list(job_steps("j", 8, 60, noise=0.05, first_step=120,
+                             start_us=events[-1].event_time + 200_000))
+    out = replay(events, RULES, "j")
+    vs = [v.payload for v in out if isinstance(v.payload, Verdict)]
+    assert kinds(vs) == [("straggler", "open"), ("straggler", "resolved")]
+    opened = vs[0]
+    assert out[0].subject.rank == 3 and out[0].subject.node == "node-0"
+    ev = opened.evidence
+    assert isinstance(ev["ratio"], float) and ev["ratio"] > 1.18
+    assert ev["peers"] == 7 and ev["windows_over"] == 3 and ev["first_anomalous_step"] == 40
+    assert 40 <= int(str(ev["step"])) <= 44
+    assert opened.rules_version == RULES.version
+    assert vs[1].verdict_id == opened.verdict_id
+
+
+def test_no_straggler_on_noise_or_naturally_slow_rank() -> None:
+    # rank 2 is 8% slower from the start: learned as its baseline, never a straggler
+    events = list(job_steps("j", 8, 300, noise=0.1, slow={2: (0, 1.08)}, seed=3))
+    assert verdicts(events) == []
+
+
+def test_too_few_peers_no_verdict() -> None:
+    events = list(job_steps("j", 3, 100, slow={1: (30, 2.0)}))
+    assert verdicts(events) == []  # min_peers 3: a rank needs three peers
+
+
+def test_peers_only_within_pipeline_stage() -> None:
+    # stage 1 (ranks 4-7) is 1.6x slower by design: not stragglers, a stage imbalance (info)
+    events = list(job_steps("j", 8, 100, stages=2, slow={r: (0, 1.6) for r in range(4, 8)}))
+    vs = verdicts(events)
+    assert kinds(vs) == [("stage_imbalance", "open")]
+    assert vs[0].severity.value == "info" and vs[0].evidence["pp_stage"] == "1"
+
+
+def test_job_wide_slowdown_is_one_job_verdict_not_stragglers() -> None:
+    slow = {r: (60, 1.6) for r in range(8)}
+    events = list(job_steps("j", 8, 120, noise=0.03, slow=slow))
+    out = replay(events, RULES, "j")
+    vs = [v.payload for v in out if isinstance(v.payload, Verdict)]
+    assert kinds(vs) == [("job_slowdown", "open")]
+    assert out[0].subject.rank is None
+    assert isinstance(vs[0].evidence["ratio"], float) and vs[0].evidence["ratio"] > 1.3
+
+
+def test_job_slowdown_resolves_when_speed_returns() -> None:
+    rs = parse_rules("rules:\n  - id: js\n    kind: job_slowdown\n")
+    slow = {r: (40, 1.6) for r in range(8)}
+    events = list(job_steps("j", 8, 70, slow=slow))
+    events += list(job_steps("j", 8, 40, first_step=70,
+                             start_us=events[-1].event_time + 200_000))
+    assert kinds(verdicts(events, rs)) == [("job_slowdown", "open"), ("job_slowdown", "resolved")]
+
+
+def test_baseline_is_optional() -> None:
+    rs = parse_rules("rules:\n  - id: s\n    kind: straggler\n"
+                     "    parameters: {baseline_steps: 0}\n")
+    slow = {2: (0, 1.25)}  # slower from the start: with no baseline, that alone is flagged
+    assert kinds(verdicts(list(job_steps("j", 8, 60, slow=slow)), rs)) == [("straggler", "open")]
+    # with the default baseline, 1.25x from the start is learned as normal; 1.5x is not
+    assert verdicts(list(job_steps("j", 8, 60, slow=slow))) == []
+    assert kinds(verdicts(list(job_steps("j", 8, 60, slow={2: (0, 1.5)})))) == [
+        ("straggler", "open")]
+
+
+def test_every_rule_is_an_evaluator() -> None:
+    from trainguard.rules import Evaluator, RuleEngine
+
+    engine = RuleEngine("j", RULES)
+    assert len(engine.rules) == len(RULES.rules)
+    for _, rule in engine.rules:
+        evaluator: Evaluator = rule
+        assert evaluator.types
+        evaluator.restore(evaluator.snapshot())

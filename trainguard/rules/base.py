@@ -1,0 +1,135 @@
+"""The evaluator interface and what every rule shares: its context and its open verdicts.
+
+An evaluator is a deterministic state machine over events that are already in event-time
+order (the engine's reorder buffer sees to that). It reads no clock and does no I/O: the time
+of a decision is the event time of the event that made it. Its state is plain JSON
+(``snapshot()`` / ``restore()``) so a faust table can hold it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+
+from trainguard.events.codec import make_event
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.ids import derived_id
+from trainguard.events.payloads import Severity, Verdict, VerdictState
+from trainguard.rules.schema import RuleSpec
+
+SOURCE = "trainguard.rules"
+Evidence = dict[str, Any]  # flat: scalars or lists of scalars (FlatMap)
+
+
+class Evaluator(Protocol):
+    """One rule over one job's time-ordered events."""
+
+    types: frozenset[str]  # event types the rule reads
+
+    def feed(self, event: Event) -> list[Event]:
+        """Take the next event (in event-time order); return the verdict events it decides."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as JSON-serialisable data."""
+        ...
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a ``snapshot()``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Context:
+    job_id: str
+    rules_version: str
+    rule: RuleSpec
+
+
+def num(x: float, digits: int = 4) -> float | str:
+    """Evidence value: rounded so it prints the same everywhere; NaN/Inf as text."""
+    if not math.isfinite(x):
+        return str(x)
+    return round(x, digits)
+
+
+def subject_doc(subject: Subject) -> dict[str, Any]:
+    return subject.model_dump(exclude_none=True)
+
+
+class VerdictBook:
+    """The open verdicts of one rule, by a key naming what is located (rank, GPU, link...).
+
+    Opening something already open, or resolving something not open, gives nothing: the
+    verdict stream has exactly one OPEN and at most one RESOLVED per anomaly.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.open: dict[str, dict[str, Any]] = {}
+
+    def is_open(self, key: str) -> bool:
+        return key in self.open
+
+    def raise_(self, key: str, *, kind: str, subject: Subject, severity: Severity | None,
+               first_time: int, decided_time: int, evidence: Evidence) -> list[Event]:
+        if key in self.open:
+            return []
+        sev = severity or self.ctx.rule.severity
+        vid = derived_id(self.ctx.rule.id, self.ctx.job_id, key, first_time)
+        self.open[key] = {"id": vid, "kind": kind, "sev": sev.value, "first": first_time,
+                          "subject": subject_doc(subject)}
+        return [self._event(vid, kind, VerdictState.OPEN, sev, subject, first_time,
+                            decided_time, evidence)]
+
+    def resolve(self, key: str, *, decided_time: int, evidence: Evidence) -> list[Event]:
+        doc = self.open.pop(key, None)
+        if doc is None:
+            return []
+        return [self._event(doc["id"], doc["kind"], VerdictState.RESOLVED, Severity(doc["sev"]),
+                            Subject(**doc["subject"]), doc["first"], decided_time, evidence)]
+
+    def _event(self, vid: str, kind: str, state: VerdictState, sev: Severity, subject: Subject,
+               first_time: int, decided_time: int, evidence: Evidence) -> Event:
+        payload = Verdict(verdict_id=vid, rule=self.ctx.rule.id, kind=kind, state=state,
+                          severity=sev, first_anomalous_time=first_time,
+                          decided_time=decided_time, evidence=evidence,
+                          rules_version=self.ctx.rules_version)
+        return make_event(payload, event_id=derived_id("verdict", vid, state.value),
+                          job_id=self.ctx.job_id, event_time=decided_time, source=SOURCE,
+                          subject=subject)
+
+
+class RuleBase:
+    """Common plumbing: context, verdict book and a JSON state dict ``self.s``.
+
+    Subclasses keep every piece of mutable state in ``self.s`` (JSON types, string keys), so
+    snapshot and restore are generic and cannot forget a field.
+    """
+
+    types: frozenset[str] = frozenset()
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.p = ctx.rule.params
+        self.book = VerdictBook(ctx)
+        self.s: dict[str, Any] = self.initial_state()
+
+    def initial_state(self) -> dict[str, Any]:
+        return {}
+
+    def feed(self, event: Event) -> list[Event]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, Any]:
+        """The live state, JSON-ready: serialise it before the next ``feed`` (the faust app
+        does at once); copying it here would cost more than the evaluation itself."""
+        return {"state": self.s, "open": self.book.open}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        doc = orjson.loads(orjson.dumps(state))
+        self.s = doc["state"]
+        self.book.open = doc["open"]

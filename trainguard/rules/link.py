@@ -1,0 +1,91 @@
+"""NIC / InfiniBand links: down, and flapping.
+
+Signals: node.health LINK_DOWN / LINK_UP (``device`` names the link), and NicSample operstate,
+carrier and carrier_changes in telemetry. A link seen up that goes down opens a critical
+``link_down`` at node+link (a NIC never seen up is an unused port, not a fault); it resolves
+when the link is up again. ``flap_count`` transitions within ``flap_window_ms`` open a warning
+``link_flapping`` that resolves once a whole window passes without a transition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.payloads import NodeHealth, NodeHealthKind, NodeTelemetry, Severity
+from trainguard.rules.base import RuleBase
+
+
+class LinkRule(RuleBase):
+    types = frozenset({"node.health", "telemetry.node"})
+
+    def initial_state(self) -> dict[str, Any]:
+        # links: "node|link" -> {"up": bool|None, "changes": last carrier_changes, "tr": [times]}
+        return {"links": {}}
+
+    def feed(self, event: Event) -> list[Event]:
+        node = event.subject.node or "-"
+        t = event.event_time
+        payload = event.payload
+        out: list[Event] = []
+        if type(payload) is NodeHealth:
+            h = payload
+            if h.kind in (NodeHealthKind.LINK_DOWN, NodeHealthKind.LINK_UP):
+                link = h.device or event.subject.link or "-"
+                out.extend(self._state(node, link, h.kind is NodeHealthKind.LINK_UP, t,
+                                       transition=True, origin=h.origin))
+        elif type(payload) is NodeTelemetry:
+            for nic in payload.nics:
+                up: bool | None = nic.carrier
+                if nic.operstate is not None:
+                    up = nic.operstate.lower() == "up" if up is None else (
+                        up and nic.operstate.lower() == "up")
+                lk = self._link(node, nic.name)
+                extra = 0
+                if nic.carrier_changes is not None:
+                    prev = lk["changes"]
+                    if prev is not None and nic.carrier_changes > prev:
+                        extra = nic.carrier_changes - prev
+                    lk["changes"] = nic.carrier_changes
+                lk["tr"].extend([t] * min(extra, int(self.p["flap_count"])))
+                out.extend(self._state(node, nic.name, up, t, transition=False,
+                                       origin="telemetry"))
+        return out
+
+    def _link(self, node: str, link: str) -> dict[str, Any]:
+        key = f"{node}|{link}"
+        lk: dict[str, Any] | None = self.s["links"].get(key)
+        if lk is None:
+            lk = self.s["links"][key] = {"up": None, "changes": None, "tr": []}
+        return lk
+
+    def _state(self, node: str, link: str, up: bool | None, t: int, *, transition: bool,
+               origin: str) -> list[Event]:
+        lk = self._link(node, link)
+        subject = Subject(node=node, link=link)
+        key = f"{node}|{link}"
+        out: list[Event] = []
+        if up is not None and up != lk["up"]:
+            if lk["up"] is not None or transition:
+                lk["tr"].append(t)
+            if not up and (lk["up"] is True or transition):
+                out.extend(self.book.raise_(f"down:{key}", kind="link_down", subject=subject,
+                                            severity=None, first_time=t, decided_time=t,
+                                            evidence={"origin": origin}))
+            elif up:
+                out.extend(self.book.resolve(f"down:{key}", decided_time=t,
+                                             evidence={"origin": origin}))
+            lk["up"] = up
+        window = int(self.p["flap_window_ms"] * 1000)
+        lk["tr"] = [x for x in lk["tr"] if t - x <= window]
+        count = len(lk["tr"])
+        if count >= int(self.p["flap_count"]):
+            out.extend(self.book.raise_(f"flap:{key}", kind="link_flapping", subject=subject,
+                                        severity=Severity.WARNING, first_time=lk["tr"][0],
+                                        decided_time=t,
+                                        evidence={"transitions": count,
+                                                  "window_ms": self.p["flap_window_ms"]}))
+        elif count == 0:
+            out.extend(self.book.resolve(f"flap:{key}", decided_time=t,
+                                         evidence={"transitions": 0}))
+        return out

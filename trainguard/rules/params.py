@@ -1,0 +1,148 @@
+"""Parameter specifications per rule kind: type, default and constraint, checked at load time.
+
+Each kind's parameters are declared once here; the loader fills defaults, checks every value and
+names the file, the rule and the field in its errors. Evaluators read the checked values only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Check = Callable[[Any], str | None]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: type | tuple[type, ...]
+    default: Any
+    check: Check | None = None
+    doc: str = ""
+
+
+def gt(bound: float) -> Check:
+    return lambda v: None if v > bound else f"must be > {bound:g}"
+
+
+def ge(bound: float) -> Check:
+    return lambda v: None if v >= bound else f"must be >= {bound:g}"
+
+
+def between(lo: float, hi: float) -> Check:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo:g} and {hi:g}"
+
+
+def int_list(v: Any) -> str | None:
+    ok = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    return None if ok else "must be a list of integers"
+
+
+def str_list(v: Any) -> str | None:
+    return None if isinstance(v, list) and all(isinstance(x, str) for x in v) else (
+        "must be a list of strings")
+
+
+NUM = (int, float)
+_STEP_WINDOW = (
+    Param("window_steps", int, 3, ge(1), "steps averaged per window (sliding by one step)"),
+    Param("k", int, 3, ge(1), "windows over threshold needed ..."),
+    Param("n", int, 5, ge(1), "... out of the last n windows"),
+    Param("close_lag_steps", int, 2, ge(1),
+          "a step is evaluated once every known rank reported it or a rank is this far ahead"),
+)
+
+PARAMS: dict[str, tuple[Param, ...]] = {
+    "straggler": (
+        Param("threshold_ratio", NUM, 1.18, gt(1), "rank window mean / peer median"),
+        *_STEP_WINDOW,
+        Param("min_peers", int, 3, ge(1), "peers (same job, same pp_stage) needed to judge"),
+        Param("baseline_steps", int, 20, ge(0), "closed steps that learn a per-rank baseline"),
+        Param("baseline_max_ratio", NUM, 1.12, ge(1),
+              "largest learned slowness forgiven as a rank's normal speed"),
+        Param("resolve_ratio", NUM, 1.05, ge(1), "resolve once ratio stays below this ..."),
+        Param("resolve_windows", int, 5, ge(1), "... for this many consecutive windows"),
+    ),
+    "job_slowdown": (
+        Param("threshold_ratio", NUM, 1.3, gt(1), "job median window / job baseline"),
+        *_STEP_WINDOW,
+        Param("baseline_steps", int, 20, ge(1), "closed steps that form the job baseline"),
+        Param("min_rank_fraction", NUM, 0.6, between(0, 1),
+              "share of ranks over threshold needed (most ranks slow together)"),
+        Param("resolve_ratio", NUM, 1.1, ge(1), ""),
+        Param("resolve_windows", int, 5, ge(1), ""),
+    ),
+    "stage_imbalance": (
+        Param("threshold_ratio", NUM, 1.25, gt(1), "stage median / median of stage medians"),
+        *_STEP_WINDOW,
+        Param("min_stages", int, 2, ge(2), ""),
+        Param("resolve_ratio", NUM, 1.1, ge(1), ""),
+        Param("resolve_windows", int, 5, ge(1), ""),
+    ),
+    "liveness": (
+        Param("k_step_times", NUM, 10.0, gt(0), "silence allowed, in median step times"),
+        Param("floor_ms", NUM, 60000.0, gt(0), "silence always allowed"),
+        Param("check_every_ms", NUM, 1000.0, gt(0), "event-time period of the silence check"),
+    ),
+    "process_exit": (
+        Param("ignore_clean_exit", bool, True, None, "exit code 0 without a signal is no fault"),
+    ),
+    "xid": (
+        Param("drain_codes", list, [48, 64, 74, 79, 92, 95, 119, 120, 140], int_list,
+              "XIDs after which the GPU/node must be drained (critical, located at the GPU)"),
+        Param("app_codes", list, [13, 31, 43, 45], int_list,
+              "XIDs caused by the application (warning, located at the job)"),
+        Param("app_severity", str, "warning", None, ""),
+        Param("other_severity", str, "warning", None, "any other XID, located at the GPU"),
+        Param("resolve_quiet_ms", NUM, 600000.0, gt(0),
+              "non-drain XID verdicts resolve after this long without a repeat"),
+    ),
+    "link": (
+        Param("flap_count", int, 3, ge(2), "down/carrier transitions within flap_window ..."),
+        Param("flap_window_ms", NUM, 300000.0, gt(0), "... that make a link flapping"),
+    ),
+    "throttle": (
+        Param("thermal_reasons", list, ["sw_thermal_slowdown", "hw_thermal_slowdown",
+                                        "hw_slowdown"], str_list, ""),
+        Param("power_reasons", list, ["hw_power_brake_slowdown"], str_list,
+              "sw_power_cap is normal at full load and is not listed by default"),
+        Param("max_temperature_c", NUM, 87.0, gt(0), ""),
+        Param("sustain_samples", int, 3, ge(1), "consecutive samples before opening"),
+        Param("clear_samples", int, 3, ge(1), "consecutive clean samples before resolving"),
+    ),
+    "ecc": (
+        Param("dbe_max", int, 0, ge(0), "volatile DBE above this is critical"),
+        Param("sbe_rate_per_hour", NUM, 100.0, gt(0), "volatile SBE growth rate (warning)"),
+        Param("sbe_min_span_ms", NUM, 60000.0, gt(0), "span a rate is measured over"),
+    ),
+    "hw_outlier": (
+        Param("z_threshold", NUM, 3.5, gt(0), "robust z (0.6745 (x - median) / MAD)"),
+        Param("metrics", list, ["temperature_c", "power_w", "sm_clock_mhz"], str_list, ""),
+        Param("min_peers", int, 4, ge(2), "GPUs of the job with a comparable sample"),
+        Param("util_band_pct", NUM, 15.0, gt(0), "peers within this many points of SM util"),
+        Param("min_util_pct", NUM, 30.0, ge(0), "only busy GPUs are compared"),
+        Param("stale_ms", NUM, 30000.0, gt(0), "peer samples older than this are not used"),
+        Param("sustain_samples", int, 3, ge(1), ""),
+        Param("clear_samples", int, 3, ge(1), ""),
+        Param("min_mad_fraction", NUM, 0.01, gt(0),
+              "MAD floor as a share of the median, so identical peers do not give z=inf"),
+    ),
+    "data_starvation": (
+        Param("wait_share", NUM, 0.3, between(0, 1), "data_wait_ms / step time"),
+        Param("window_steps", int, 5, ge(1), ""),
+        Param("min_rank_fraction", NUM, 0.5, between(0, 1), ""),
+        Param("max_gpu_util_pct", NUM, 60.0, between(0, 100),
+              "if telemetry gives the job's SM util, its median must be below this"),
+        Param("resolve_share", NUM, 0.15, between(0, 1), ""),
+    ),
+    "training_health": (
+        Param("spike_ratio", NUM, 2.0, gt(1), "loss / pre-resume median loss"),
+        Param("sustain_reports", int, 5, ge(1), "consecutive loss reports over spike_ratio"),
+        Param("watch_steps", int, 200, ge(1), "steps after a resume that are watched"),
+        Param("baseline_reports", int, 50, ge(1), "loss reports before the resume kept"),
+        Param("resolve_reports", int, 20, ge(1), "finite, unspiked reports before resolving"),
+    ),
+}
+
+KINDS = tuple(PARAMS)

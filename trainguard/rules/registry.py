@@ -1,0 +1,31 @@
+"""Rule kind -> evaluator class."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trainguard.rules.base import Context, RuleBase
+from trainguard.rules.gpu_health import EccRule, ThrottleRule
+from trainguard.rules.link import LinkRule
+from trainguard.rules.liveness import LivenessRule, ProcessExitRule
+from trainguard.rules.outlier import HwOutlierRule
+from trainguard.rules.slowdown import JobSlowdownRule, StageImbalanceRule
+from trainguard.rules.starvation import DataStarvationRule
+from trainguard.rules.straggler import StragglerRule
+from trainguard.rules.training import TrainingHealthRule
+from trainguard.rules.xid import XidRule
+
+EVALUATORS: dict[str, Callable[[Context], RuleBase]] = {
+    "straggler": StragglerRule,
+    "job_slowdown": JobSlowdownRule,
+    "stage_imbalance": StageImbalanceRule,
+    "liveness": LivenessRule,
+    "process_exit": ProcessExitRule,
+    "xid": XidRule,
+    "link": LinkRule,
+    "throttle": ThrottleRule,
+    "ecc": EccRule,
+    "hw_outlier": HwOutlierRule,
+    "data_starvation": DataStarvationRule,
+    "training_health": TrainingHealthRule,
+}

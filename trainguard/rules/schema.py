@@ -1,0 +1,202 @@
+"""Rule files: load, validate and normalise; the normalised set's hash is ``rules_version``.
+
+A rule file is YAML (see docs/rules.md)::
+
+    rules_version_label: "2026-12"      # optional, free text, not part of the hash
+    allowed_lateness_ms: 2000
+    rules:
+      - id: straggler
+        kind: straggler
+        enabled: true
+        severity: warning
+        parameters: {threshold_ratio: 1.15}
+
+Errors name the file, the rule and the field, e.g.
+``default.yaml: rule 'straggler': field 'threshold_ratio': must be > 1 (got 0.9)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from trainguard.events.payloads import Severity
+from trainguard.rules.params import KINDS, NUM, PARAMS
+
+_ID = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
+_RULE_KEYS = {"id", "kind", "enabled", "severity", "parameters", "description"}
+_TOP_KEYS = {"rules", "allowed_lateness_ms", "rules_version_label"}
+
+
+class RuleError(ValueError):
+    """A rule file is invalid; ``problems`` lists every message."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    id: str
+    kind: str
+    enabled: bool
+    severity: Severity
+    params: dict[str, Any]
+
+    def normalised(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind, "enabled": self.enabled,
+                "severity": self.severity.value, "parameters": dict(sorted(self.params.items()))}
+
+    def digest(self) -> str:
+        return hashlib.sha256(orjson.dumps(self.normalised())).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    rules: tuple[RuleSpec, ...]
+    allowed_lateness_us: int
+    source: str = "<memory>"
+    version: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.version:
+            object.__setattr__(self, "version", rules_version(self))
+
+    def enabled(self) -> tuple[RuleSpec, ...]:
+        return tuple(r for r in self.rules if r.enabled)
+
+    def get(self, rule_id: str) -> RuleSpec:
+        for r in self.rules:
+            if r.id == rule_id:
+                return r
+        raise KeyError(rule_id)
+
+
+def rules_version(ruleset: RuleSet) -> str:
+    """Hash of the normalised rule set (defaults filled, keys sorted, rules sorted by id)."""
+    doc = {"allowed_lateness_us": ruleset.allowed_lateness_us,
+           "rules": [r.normalised() for r in sorted(ruleset.rules, key=lambda r: r.id)]}
+    return "rv-" + hashlib.sha256(orjson.dumps(doc)).hexdigest()[:16]
+
+
+def _typename(kind: type | tuple[type, ...]) -> str:
+    if kind == NUM:
+        return "a number"
+    name = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+    return {"int": "an integer", "bool": "true or false", "str": "a string",
+            "list": "a list"}.get(name, name)
+
+
+def _check_value(value: Any, kind: type | tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and kind is not bool:
+        return False
+    return isinstance(value, kind)
+
+
+def _parse_rule(doc: Any, where: str, problems: list[str]) -> RuleSpec | None:
+    if not isinstance(doc, dict):
+        problems.append(f"{where}: must be a mapping (got {doc!r})")
+        return None
+    rid = doc.get("id")
+    if not isinstance(rid, str) or not _ID.match(rid):
+        problems.append(f"{where}: field 'id': must match {_ID.pattern} (got {rid!r})")
+        return None
+    here = f"{where.split(':')[0]}: rule '{rid}'"
+    before = len(problems)
+    for key in sorted(set(doc) - _RULE_KEYS):
+        problems.append(f"{here}: field '{key}': unknown field")
+    kind = doc.get("kind")
+    if kind not in KINDS:
+        problems.append(f"{here}: field 'kind': must be one of {', '.join(KINDS)} (got {kind!r})")
+        return None
+    enabled = doc.get("enabled", True)
+    if not isinstance(enabled, bool):
+        problems.append(f"{here}: field 'enabled': must be true or false (got {enabled!r})")
+    sev_raw = doc.get("severity", "warning")
+    try:
+        severity = Severity(sev_raw)
+    except ValueError:
+        problems.append(f"{here}: field 'severity': must be one of info, warning, critical "
+                        f"(got {sev_raw!r})")
+        severity = Severity.WARNING
+    given = doc.get("parameters", {}) or {}
+    if not isinstance(given, dict):
+        problems.append(f"{here}: field 'parameters': must be a mapping (got {given!r})")
+        return None
+    specs = {p.name: p for p in PARAMS[kind]}
+    for key in sorted(set(given) - set(specs)):
+        problems.append(f"{here}: field '{key}': unknown parameter for kind '{kind}' "
+                        f"(known: {', '.join(specs)})")
+    params: dict[str, Any] = {}
+    for name, spec in specs.items():
+        value = given.get(name, spec.default)
+        if not _check_value(value, spec.kind):
+            problems.append(f"{here}: field '{name}': must be {_typename(spec.kind)} "
+                            f"(got {value!r})")
+            continue
+        if spec.check is not None:
+            msg = spec.check(value)
+            if msg:
+                problems.append(f"{here}: field '{name}': {msg} (got {value!r})")
+                continue
+        params[name] = float(value) if spec.kind == NUM else value
+    if "k" in params and "n" in params and params["k"] > params["n"]:
+        problems.append(f"{here}: field 'k': must be <= n ({params['n']}) (got {params['k']})")
+    for name in ("app_severity", "other_severity"):
+        if name in params and params[name] not in {s.value for s in Severity}:
+            problems.append(f"{here}: field '{name}': must be one of info, warning, critical "
+                            f"(got {params[name]!r})")
+    if len(problems) > before:
+        return None
+    return RuleSpec(rid, kind, bool(enabled), severity, params)
+
+
+def parse_rules(text: str, name: str = "<memory>") -> RuleSet:
+    """Parse and validate a rule file's text; ``name`` is used in error messages."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RuleError([f"{name}: not valid YAML: {exc}"]) from None
+    if not isinstance(doc, dict):
+        raise RuleError([f"{name}: must be a mapping with a 'rules' list (got {doc!r})"])
+    problems: list[str] = [f"{name}: field '{k}': unknown top-level field"
+                           for k in sorted(set(doc) - _TOP_KEYS)]
+    lateness = doc.get("allowed_lateness_ms", 2000)
+    if isinstance(lateness, bool) or not isinstance(lateness, NUM) or lateness < 0:
+        problems.append(f"{name}: field 'allowed_lateness_ms': must be a number >= 0 "
+                        f"(got {lateness!r})")
+        lateness = 0
+    raw_rules = doc.get("rules")
+    if not isinstance(raw_rules, list):
+        raise RuleError([*problems, f"{name}: field 'rules': must be a list (got {raw_rules!r})"])
+    rules: list[RuleSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(raw_rules):
+        spec = _parse_rule(item, f"{name}: rule #{i + 1}", problems)
+        if spec is None:
+            continue
+        if spec.id in seen:
+            problems.append(f"{name}: rule '{spec.id}': field 'id': duplicate rule id")
+        seen.add(spec.id)
+        rules.append(spec)
+    if problems:
+        raise RuleError(problems)
+    return RuleSet(tuple(rules), round(float(lateness) * 1000), source=name)
+
+
+def load_rules(path: str | Path) -> RuleSet:
+    p = Path(path)
+    return parse_rules(p.read_text(encoding="utf-8"), p.name)
+
+
+def load_default_rules() -> RuleSet:
+    text = resources.files("trainguard.rules").joinpath("default.yaml").read_text("utf-8")
+    return parse_rules(text, "default.yaml")

@@ -1,0 +1,84 @@
+"""Step alignment: gather one step's reports from the ranks of a group (a pipeline stage,
+or the whole job) and close the step once some rank is ``close_lag`` steps ahead, or (after
+the first step, closed that way, has made the ranks known) once every known rank reported it.
+Closing happens in event-time order, so it is deterministic.
+
+State is plain JSON: ``{"ranks": {rank: 1}, "pending": [[step, {rank: [value, time]}], ...],
+"closed": step, "max": step}`` (string keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ClosedStep = tuple[int, dict[str, list[float]]]  # step, rank -> [value, event_time]
+
+
+def new_group() -> dict[str, Any]:
+    return {"ranks": {}, "pending": [], "closed": -1, "max": -1}
+
+
+def add(group: dict[str, Any], rank: str, step: int, value: float, time: int,
+        close_lag: int) -> list[ClosedStep]:
+    """Add one report; return the steps it closes (ascending). Reports for closed steps are
+    dropped (a rank far behind its peers was already judged without them)."""
+    ranks: dict[str, int] = group["ranks"]  # a dict: O(1) membership, JSON-friendly
+    if rank not in ranks:
+        ranks[rank] = 1
+    if step <= group["closed"]:
+        return []
+    pending: list[list[Any]] = group["pending"]  # [[step, {rank: [value, time]}]], ascending
+    for i in range(len(pending) - 1, -1, -1):
+        entry = pending[i]
+        if entry[0] == step:
+            entry[1][rank] = [value, time]
+            break
+        if entry[0] < step:
+            pending.insert(i + 1, [step, {rank: [value, time]}])
+            break
+    else:
+        pending.insert(0, [step, {rank: [value, time]}])
+    if step > group["max"]:
+        group["max"] = step
+    out: list[ClosedStep] = []
+    while pending:
+        first, first_row = pending[0]
+        # "every known rank reported" only once the first step was closed by lag: by then the
+        # ranks present at the start are known
+        if group["max"] - first >= close_lag or (
+                group["closed"] >= 0 and len(first_row) >= len(ranks)):
+            del pending[0]
+            group["closed"] = first
+            out.append((first, first_row))
+        else:
+            break
+    return out
+
+
+def reset(group: dict[str, Any]) -> None:
+    """A resume from a checkpoint restarts the step count: forget pending steps."""
+    group["pending"] = []
+    group["closed"] = -1
+    group["max"] = -1
+
+
+def push_window(hist: dict[str, list[float]], key: str, value: float, size: int) -> float | None:
+    """Append to a rolling window; return its mean once it holds ``size`` values."""
+    ring = hist.get(key)
+    if ring is None:
+        ring = hist[key] = []
+    ring.append(value)
+    if len(ring) > size:
+        del ring[0]
+    return sum(ring) / size if len(ring) == size else None
+
+
+def push_flag(flags: dict[str, list[Any]], key: str, flag: list[Any], n: int) -> list[list[Any]]:
+    """Keep the last ``n`` window flags ``[over, time, step]`` of ``key``."""
+    ring = flags.get(key)
+    if ring is None:
+        ring = flags[key] = []
+    ring.append(flag)
+    if len(ring) > n:
+        del ring[0]
+    return ring

@@ -1,0 +1,127 @@
+"""Straggler: a rank whose windowed compute time stands above the median of its peers.
+
+Peers are the other ranks of the same job in the same pipeline stage (``pp_stage``; ranks
+without one form stage ``-``). Per closed step every rank's rolling mean over
+``window_steps`` steps is compared with the median of its peers' rolling means; the ratio is
+divided by the rank's learned baseline (its mean ratio over the first ``baseline_steps``
+windows, clamped to [1, ``baseline_max_ratio``]; while learning, ``baseline_max_ratio``) so a
+rank that is a little slower by nature does not alarm for that alone. Flagged when the
+adjusted ratio exceeds ``threshold_ratio`` in ``k`` of the last ``n`` windows; resolved
+after ``resolve_windows`` windows below ``resolve_ratio``. A job-wide slowdown moves the peer
+median too, so it never flags ranks.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, cast
+
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepReport
+from trainguard.rules import steps
+from trainguard.rules.base import Evidence, RuleBase, num
+from trainguard.rules.stats import median_without
+
+
+def stage_of(report: StepReport) -> str:
+    return "-" if report.pp_stage is None else str(report.pp_stage)
+
+
+class StragglerRule(RuleBase):
+    types = frozenset({"step.report", "checkpoint"})
+
+    def initial_state(self) -> dict[str, Any]:
+        # groups: stage -> step group; hist: rank -> window; flags: rank -> last n flags;
+        # base: rank -> [ratio sum, count]; calm: rank -> windows below resolve; node: rank
+        return {"groups": {}, "hist": {}, "flags": {}, "base": {}, "calm": {}, "node": {}}
+
+    def feed(self, event: Event) -> list[Event]:
+        payload = event.payload
+        if type(payload) is CheckpointEvent:
+            if payload.action is CheckpointAction.LOADED:
+                for group in self.s["groups"].values():
+                    steps.reset(group)
+            return []
+        rep = cast(StepReport, payload)
+        stage = stage_of(rep)
+        group = self.s["groups"].get(stage)
+        if group is None:
+            group = self.s["groups"][stage] = steps.new_group()
+        rank = str(rep.rank)
+        if event.subject.node is not None:
+            self.s["node"][rank] = event.subject.node
+        closed = steps.add(group, rank, rep.step, rep.compute_ms, event.event_time,
+                           int(self.p["close_lag_steps"]))
+        out: list[Event] = []
+        for step, row in closed:
+            out.extend(self._judge(stage, step, row))
+        return out
+
+    def _judge(self, stage: str, step: int, row: dict[str, list[float]]) -> list[Event]:
+        p = self.p
+        s = self.s
+        size = int(p["window_steps"])
+        means: dict[str, float] = {}
+        hist = s["hist"]
+        for rank in sorted(row):
+            m = steps.push_window(hist, rank, row[rank][0], size)
+            if m is not None:
+                means[rank] = m
+        if len(means) - 1 < int(p["min_peers"]):
+            return []
+        ordered = sorted(means.values())
+        threshold = p["threshold_ratio"]
+        learn = int(p["baseline_steps"])
+        n, k = int(p["n"]), int(p["k"])
+        out: list[Event] = []
+        for rank, mean in means.items():
+            peer_med = median_without(ordered, bisect.bisect_left(ordered, mean))
+            if peer_med <= 0:
+                continue
+            ratio = mean / peer_med
+            baseline = 1.0  # baseline_steps 0: no per-rank baseline
+            if learn:
+                base = s["base"].get(rank)
+                if base is None:
+                    base = s["base"][rank] = [0.0, 0]
+                if base[1] < learn:  # still learning: forgive as much as it may learn
+                    base[0] += ratio
+                    base[1] += 1
+                    baseline = p["baseline_max_ratio"]
+                else:
+                    baseline = min(max(base[0] / base[1], 1.0), p["baseline_max_ratio"])
+            adj = ratio / baseline
+            time = int(row[rank][1])
+            flags = steps.push_flag(s["flags"], rank, [adj > threshold, time, step], n)
+            key = f"rank:{rank}"
+            if not self.book.is_open(key):
+                if not flags[-1][0]:
+                    continue
+                over = [f for f in flags if f[0]]
+                if len(over) < k:
+                    continue
+                s["calm"][rank] = 0
+                ev = _evidence(mean, peer_med, baseline, flags, size, len(means), stage, step)
+                ev["first_anomalous_step"] = int(over[0][2])
+                subject = Subject(rank=int(rank), node=s["node"].get(rank))
+                out.extend(self.book.raise_(key, kind="straggler", subject=subject,
+                                            severity=None, first_time=int(over[0][1]),
+                                            decided_time=time, evidence=ev))
+            else:
+                calm = s["calm"][rank] = (s["calm"].get(rank, 0) + 1
+                                          if adj < p["resolve_ratio"] else 0)
+                if calm >= int(p["resolve_windows"]):
+                    ev = _evidence(mean, peer_med, baseline, flags, size, len(means), stage, step)
+                    s["flags"][rank] = []
+                    out.extend(self.book.resolve(key, decided_time=time, evidence=ev))
+        return out
+
+
+def _evidence(mean: float, peer_med: float, baseline: float, flags: list[list[Any]],
+              size: int, ranks: int, stage: str, step: int) -> Evidence:
+    ratio = mean / peer_med
+    return {"rank_ms": num(mean), "peer_median_ms": num(peer_med), "ratio": num(ratio),
+            "baseline": num(baseline), "adjusted_ratio": num(ratio / baseline),
+            "windows_over": sum(1 for f in flags if f[0]), "windows": len(flags),
+            "window_steps": size, "samples_used": size * ranks, "peers": ranks - 1,
+            "pp_stage": stage, "step": step}

@@ -1,0 +1,78 @@
+"""GPU XID errors, from kernel log lines (node.health XID) and from telemetry samples.
+
+Classes (NVIDIA's XID catalogue): the must-drain class (48 DBE, 64 remap failure, 74 NVLink,
+79 fallen off the bus, 92 high SBE rate, 95 uncontained ECC, 119/120 GSP, 140 unrecovered ECC)
+opens a critical verdict at the GPU (node when the GPU is unknown) that only an operator clears;
+application XIDs (13 graphics exception, 31 MMU fault, 43 reset channel, 45 preemptive
+cleanup) are the program's fault: a warning at the job. Others: a warning at the GPU. Non-drain
+verdicts resolve after ``resolve_quiet_ms`` without a repeat.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.payloads import NodeHealth, NodeHealthKind, NodeTelemetry, Severity
+from trainguard.rules.base import RuleBase
+
+
+def xid_class(code: int, drain: list[int], app: list[int]) -> str:
+    if code in drain:
+        return "drain"
+    if code in app:
+        return "app"
+    return "other"
+
+
+class XidRule(RuleBase):
+    types = frozenset({"node.health", "telemetry.node"})
+
+    def initial_state(self) -> dict[str, Any]:
+        return {"last": {}}  # key of a non-drain open verdict -> last time seen
+
+    def feed(self, event: Event) -> list[Event]:
+        t = event.event_time
+        node = event.subject.node
+        out: list[Event] = self._quiet(t)
+        payload = event.payload
+        if type(payload) is NodeHealth:
+            h = payload
+            if h.kind is NodeHealthKind.XID and h.code is not None:
+                out.extend(self._xid(h.code, node, event.subject.gpu, t, h.origin))
+        elif type(payload) is NodeTelemetry:
+            for g in payload.gpus:
+                for code in g.xids:
+                    out.extend(self._xid(code, node, g.index, t, "telemetry"))
+        return out
+
+    def _xid(self, code: int, node: str | None, gpu: int | None, t: int,
+             origin: str) -> list[Event]:
+        cls = xid_class(code, self.p["drain_codes"], self.p["app_codes"])
+        evidence: dict[str, Any] = {"xid": code, "xid_class": cls, "origin": origin}
+        if cls == "app":
+            key, subject, sev = f"app:{code}", Subject(), Severity(self.p["app_severity"])
+            evidence["node"] = node
+            evidence["gpu"] = gpu
+        else:
+            key = f"{cls}:{node}:{gpu}" + ("" if cls == "drain" else f":{code}")
+            subject = Subject(node=node, gpu=gpu)
+            sev = self.ctx.rule.severity if cls == "drain" else Severity(
+                self.p["other_severity"])
+        if cls != "drain":
+            self.s["last"][key] = t
+        return self.book.raise_(key, kind=f"xid_{cls}", subject=subject, severity=sev,
+                                first_time=t, decided_time=t, evidence=evidence)
+
+    def _quiet(self, t: int) -> list[Event]:
+        last: dict[str, int] = self.s["last"]
+        if not last:
+            return []
+        quiet = int(self.p["resolve_quiet_ms"] * 1000)
+        out: list[Event] = []
+        for key in sorted(last):
+            if t - last[key] > quiet:
+                del last[key]
+                out.extend(self.book.resolve(key, decided_time=t,
+                                             evidence={"quiet_ms": self.p["resolve_quiet_ms"]}))
+        return out
