@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,5 +94,34 @@ async def topic_configs(config: KafkaConfig, topic: str) -> dict[str, str]:
                 for entry in resource[4]:
                     out[entry[0]] = entry[1]
         return out
+    finally:
+        await admin.close()
+
+
+async def topic_partitions(config: KafkaConfig, topic: str) -> int:
+    """How many partitions ``topic`` has on the broker (0 if it does not exist)."""
+    admin = AIOKafkaAdminClient(**config.client_kwargs())
+    await admin.start()
+    try:
+        described = await admin.describe_topics([topic])
+        return sum(len(d["partitions"]) for d in described if d.get("error_code", 0) == 0)
+    finally:
+        await admin.close()
+
+
+async def ensure_internal_topic(config: KafkaConfig, topic: str, partitions: int,
+                                retention_ms: int = 7 * 24 * 3600 * 1000) -> None:
+    """A derived topic a service owns (re-keyed copies): it can be rebuilt from the event log,
+    so it does not keep everything forever."""
+    admin = AIOKafkaAdminClient(**config.client_kwargs())
+    await admin.start()
+    try:
+        if topic not in set(await admin.list_topics()):
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics([NewTopic(
+                    name=topic, num_partitions=partitions, replication_factor=1,
+                    topic_configs={"retention.ms": str(retention_ms),
+                                   "cleanup.policy": "delete"})])
+        await _wait_for_leaders(admin, [topic], timeout_s=30.0)
     finally:
         await admin.close()

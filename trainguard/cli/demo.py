@@ -14,11 +14,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser("demo", help="start a local broker and run the demo loop")
     demo.add_argument("--keep-broker", action="store_true",
                       help="leave the dev broker running afterwards")
+    demo.add_argument("--seconds", type=float, default=14.0, help="how long the job runs")
     demo.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from trainguard.demo.contract_tour import run
+    from trainguard.demo.loop import run_demo, summarise
 
     broker = KafkaBroker()
     was_running = broker.running() is not None
@@ -28,7 +30,11 @@ def _run(args: argparse.Namespace) -> int:
                       client_id="trainguard-demo")
     try:
         result = run(cfg)
-        print("[demo] contract tour:", json.dumps(result, indent=2))
+        print("[demo] contract tour (bad input goes to the dead-letter topic):",
+              json.dumps(result["dead_letters"], indent=2))
+        loop_cfg = KafkaConfig(bootstrap=info.bootstrap, topic_prefix=f"{cfg.topic_prefix}l",
+                               client_id="trainguard-demo")
+        summarise(run_demo(loop_cfg, seconds=args.seconds))
     finally:
         if not was_running and not args.keep_broker:
             broker.stop()

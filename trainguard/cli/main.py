@@ -8,7 +8,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from trainguard.cli import agent, demo, dev, events, topics
+from trainguard.cli import agent, demo, dev, events, streams, topics
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 SUBCOMMANDS: tuple[Register, ...] = (
@@ -16,6 +16,7 @@ SUBCOMMANDS: tuple[Register, ...] = (
     demo.register,
     dev.register,
     events.register,
+    streams.register,
     topics.register,
 )
 

@@ -1,0 +1,113 @@
+"""`trainguard streams` on the real broker: located verdicts from the log, and a worker killed
+mid-run and started again neither misses nor repeats a verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.conftest import arun
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.producer import EventProducer
+from trainguard.events import encode
+from trainguard.events.envelope import Event
+from trainguard.events.payloads import Verdict
+from trainguard.events.topics import TopicRole
+from trainguard.rules import RuleEngine, load_default_rules, synth
+
+
+def _scenario() -> list[Event]:
+    slow = list(synth.job_steps("job-slow", 6, 90, base_ms=100.0, noise=0.05, seed=3,
+                                slow={3: (30, 2.0)}))
+    dead = list(synth.job_steps("job-dead", 6, 90, base_ms=80.0, noise=0.05, seed=4))
+    exit_at = dead[6 * 45].event_time
+    dead = [e for e in dead if not (e.subject.rank == 5 and e.event_time > exit_at)]
+    dead.append(synth.process_exit("job-dead", "node-1", 5, exit_at + 5, exit_code=None,
+                                   signal=9))
+    events = sorted(slow + dead, key=lambda e: e.event_time)
+    return events
+
+
+def _expected(events: list[Event]) -> dict[str, list[bytes]]:
+    rules = load_default_rules()
+    out: dict[str, list[bytes]] = {}
+    engines: dict[str, RuleEngine] = {}
+    for ev in events:
+        engine = engines.setdefault(ev.job_id, RuleEngine(ev.job_id, rules))
+        out.setdefault(ev.job_id, []).extend(encode(v) for v in engine.feed(ev))
+    return out
+
+
+def _worker(kafka: KafkaConfig, datadir: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap", kafka.bootstrap,
+         "--prefix", kafka.topic_prefix, "--datadir", str(datadir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+async def _publish(kafka: KafkaConfig, events: list[Event]) -> None:
+    async with EventProducer(kafka) as producer:
+        futs = [await producer.enqueue(ev) for ev in events]
+        await asyncio.gather(*futs)
+
+
+async def _verdicts(kafka: KafkaConfig, want: int, limit_s: float) -> list[Event]:
+    consumer = EventConsumer(kafka, [TopicRole.VERDICTS], group_id=None, name="verdict-check",
+                             dlq=None)
+    await consumer.start()
+    got: list[Event] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while loop.time() < deadline:
+            got += [d.event for d in await consumer.poll(timeout_ms=1000)]
+            if len(got) >= want:
+                got += [d.event for d in await consumer.drain(idle_ms=2000, limit_s=10)]
+                break
+        return got
+    finally:
+        await consumer.stop()
+
+
+def test_verdicts_survive_a_killed_worker_exactly_once(kafka: KafkaConfig,
+                                                       tmp_path: Path) -> None:
+    events = _scenario()
+    expected = _expected(events)
+    want = sum(len(v) for v in expected.values())
+    assert want >= 2, expected
+    half = len(events) // 2
+
+    worker = _worker(kafka, tmp_path / "w1")
+    try:
+        arun(_publish(kafka, events[:half]))
+        first = arun(_verdicts(kafka, 1, limit_s=90), timeout_s=120)
+        assert first, "no verdict from the first worker"
+        time.sleep(1.0)
+    finally:
+        worker.send_signal(signal.SIGKILL)  # mid-run, no clean shutdown
+        worker.wait(10)
+    arun(_publish(kafka, events[half:]))
+    worker = _worker(kafka, tmp_path / "w2")
+    try:
+        got = arun(_verdicts(kafka, want, limit_s=120), timeout_s=150)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+    live: dict[str, list[bytes]] = {}
+    for v in got:
+        live.setdefault(v.job_id, []).append(encode(v))
+    assert live == expected  # byte-identical, none missing, none twice
+
+    kinds = {(v.job_id, v.payload.kind, v.subject.rank) for v in got
+             if isinstance(v.payload, Verdict) and v.payload.state == "open"}
+    assert ("job-slow", "straggler", 3) in kinds
+    assert any(job == "job-dead" and rank == 5 for job, _kind, rank in kinds)

@@ -1,0 +1,52 @@
+"""`trainguard streams`: the faust worker applying the rules to the event log."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.dev.paths import state_dir
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("streams", help="run a streams worker: rules over the event log")
+    add_kafka_args(p)
+    p.add_argument("--rules", type=Path, help="rule file (default: the shipped rule set)")
+    p.add_argument("--app-id", help="faust app id (default <prefix>-streams); workers with "
+                   "the same id share the partitions")
+    p.add_argument("--datadir", type=Path, help="faust data dir (default $TRAINGUARD_STATE/"
+                   "streams-<app id>)")
+    p.add_argument("--web-port", type=int, help="faust's web server (default: off)")
+    p.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info",
+                                                          "debug"])
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from faust import Worker
+
+    from trainguard.bus.admin import ensure_internal_topic, topic_partitions
+    from trainguard.events.topics import TopicNames, TopicRole
+    from trainguard.rules import engine_factory, load_default_rules, load_rules
+    from trainguard.streams.app import build_app, telemetry_by_job_topic
+
+    cfg = kafka_config(args, client_id="trainguard-streams")
+    rules = load_rules(args.rules) if args.rules else load_default_rules()
+    names = TopicNames(cfg.topic_prefix)
+    partitions = asyncio.run(topic_partitions(cfg, names.name(TopicRole.TASK)))
+    if partitions == 0:
+        raise SystemExit(f"topic {names.name(TopicRole.TASK)} does not exist: run "
+                         "`trainguard topics create` first")
+    asyncio.run(ensure_internal_topic(cfg, telemetry_by_job_topic(names), partitions))
+    app_id = args.app_id or f"{cfg.topic_prefix}-streams"
+    app = build_app(cfg, engine_factory(rules), partitions=partitions, app_id=app_id,
+                    datadir=args.datadir or state_dir() / f"streams-{app_id}",
+                    web_port=args.web_port)
+    log.warning("streams %s: %d partitions, rules %s", app_id, partitions, rules.version)
+    Worker(app, loglevel=args.loglevel, quiet=True).execute_from_commandline()
+    return 0

@@ -1,0 +1,164 @@
+"""The demo: the loop as far as it is built, on a real local job with injected faults.
+
+1. a real Kafka broker (KRaft) as a local process, the registry's topics under a fresh prefix;
+2. `trainguard agent` for this node, as its own process;
+3. a 4-rank job (``toy_job``) reporting every step through the trainer-side hook;
+4. faults injected for real, each one an ``injection`` event on the log: rank 2 throttled to
+   25% of a core through the cgroup CPU controller, then rank 3 killed with SIGKILL;
+5. the log read back and summarised: what each rank did, what the agent saw, and the rules'
+   verdicts computed from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainguard.actuators.cgroups import CgroupError, create
+from trainguard.bus.admin import ensure_topics
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.producer import EventProducer
+from trainguard.events.clock import now_us, to_iso
+from trainguard.events.codec import make_event
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.ids import new_event_id
+from trainguard.events.payloads import Injection, ProcessExit, StepReport
+from trainguard.events.topics import TOPIC_SPECS, TopicRole
+
+JOB = "demo-job"
+WORLD = 4
+THROTTLE_PCT = 10
+Say = Callable[[str], None]
+
+
+@dataclass
+class DemoRun:
+    events: list[Event] = field(default_factory=list)
+    injections: list[tuple[str, int]] = field(default_factory=list)
+
+
+def run_demo(cfg: KafkaConfig, say: Say = print, seconds: float = 14.0) -> DemoRun:
+    asyncio.run(ensure_topics(cfg, partitions={s.role: 3 for s in TOPIC_SPECS}))
+    run = DemoRun()
+    with tempfile.TemporaryDirectory(prefix="trainguard-demo-") as tmp:
+        sock = Path(tmp) / "agent.sock"
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "trainguard.cli.main", "agent", "--node", "demo-node",
+             "--bootstrap", cfg.bootstrap, "--prefix", cfg.topic_prefix, "--interval", "0.5",
+             "--metrics-port", "0", "--gpu", "none", "--spool-dir", f"{tmp}/spool",
+             "--socket", str(sock)])
+        deadline = time.monotonic() + 30
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        say(f"[demo] agent {agent.pid} listening on {sock}")
+        env = {**os.environ, "TRAINGUARD_AGENT_SOCKET": str(sock)}
+        ranks = [subprocess.Popen([sys.executable, "-m", "trainguard.demo.toy_job", "--job-id",
+                                   JOB, "--rank", str(r), "--world-size", str(WORLD)], env=env)
+                 for r in range(WORLD)]
+        say(f"[demo] job {JOB}: ranks {[p.pid for p in ranks]}")
+        try:
+            _inject_faults(cfg, ranks, run, say, seconds)
+        finally:
+            for p in ranks:
+                if p.poll() is None:
+                    p.terminate()
+            for p in ranks:
+                p.wait(10)
+            time.sleep(1.0)
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(30)
+    run.events = asyncio.run(_read_log(cfg))
+    return run
+
+
+def _inject_faults(cfg: KafkaConfig, ranks: list[subprocess.Popen[bytes]], run: DemoRun,
+                   say: Say, seconds: float) -> None:
+    time.sleep(seconds * 0.3)
+    group = None
+    try:
+        group = create(f"demo-rank2-{os.getpid()}")
+        group.add(ranks[2].pid)
+        group.set_quota_pct(THROTTLE_PCT)
+        _injection(cfg, run, "slowdown", "start", 2, {"method": "cgroup cpu quota",
+                                                     "cpu_quota_pct": THROTTLE_PCT})
+        say(f"[demo] injected: rank 2 throttled to {THROTTLE_PCT}% of a core (cgroup cpu quota)")
+    except CgroupError as exc:
+        say(f"[demo] slowdown not injected: {exc}")
+    time.sleep(seconds * 0.3)
+    ranks[3].send_signal(signal.SIGKILL)
+    _injection(cfg, run, "worker-exit", "start", 3, {"signal": 9})
+    say("[demo] injected: rank 3 killed (SIGKILL)")
+    time.sleep(seconds * 0.4)
+    run.injections.append(("end of run: the demo stops the job", now_us()))
+    if group is not None:
+        group.set_quota_pct(None)
+        _injection(cfg, run, "slowdown", "rollback", 2, {})
+        group.remove()
+
+
+def _injection(cfg: KafkaConfig, run: DemoRun, fault: str, phase: str, rank: int,
+               params: dict[str, str | int | float | bool | None]) -> None:
+    at = now_us()
+    event = make_event(Injection(drill_id="demo", scenario="demo", fault=fault, phase=phase,
+                                 target=f"rank-{rank}", params=params),
+                       event_id=new_event_id(), job_id=JOB, event_time=at, source="demo",
+                       subject=Subject(rank=rank, node="demo-node"))
+
+    async def send() -> None:
+        async with EventProducer(cfg) as producer:
+            await producer.send(event)
+
+    asyncio.run(send())
+    run.injections.append((f"{fault}/{phase} rank {rank}", at))
+
+
+async def _read_log(cfg: KafkaConfig) -> list[Event]:
+    consumer = EventConsumer(cfg, [r for r in TopicRole if r is not TopicRole.DLQ],
+                             group_id=None, name="demo-report", dlq=None)
+    await consumer.start()
+    try:
+        got = await consumer.drain(idle_ms=1000, limit_s=60)
+    finally:
+        await consumer.stop()
+    return sorted((d.event for d in got), key=lambda e: (e.event_time, e.event_id))
+
+
+def summarise(run: DemoRun, say: Say = print) -> None:
+    job = [e for e in run.events if e.job_id == JOB]
+    steps = [e for e in job if isinstance(e.payload, StepReport)]
+    say(f"[demo] the log holds {len(run.events)} events; {len(steps)} step reports of {JOB}")
+    slow_at = next((t for name, t in run.injections if name.startswith("slowdown/start")), None)
+    for r in range(WORLD):
+        mine = [e for e in steps if isinstance(e.payload, StepReport) and e.payload.rank == r]
+        before = [e.payload.compute_ms for e in mine  # type: ignore[attr-defined]
+                  if slow_at is None or e.event_time < slow_at]
+        after = [e.payload.compute_ms for e in mine  # type: ignore[attr-defined]
+                 if slow_at is not None and e.event_time >= slow_at]
+        last = mine[-1].payload.step if mine else None  # type: ignore[attr-defined]
+        say(f"[demo]   rank {r}: {len(mine)} steps (last {last}); median compute "
+            f"{_median(before)} ms before the slowdown, {_median(after)} ms after")
+    end = run.injections[-1][1] if run.injections else None
+    timeline = [(at, f"injection: {name}") for name, at in run.injections]
+    for e in job:
+        if isinstance(e.payload, ProcessExit):
+            p = e.payload
+            why = " (the demo's own shutdown)" if end is not None and e.event_time > end else ""
+            timeline.append((e.event_time, f"agent: rank {p.rank} (pid {p.pid}) exited, signal "
+                             f"{p.signal}, code {p.exit_code}, seen via {p.detected_by}{why}"))
+    say("[demo] timeline:")
+    for at, text in sorted(timeline):
+        say(f"[demo]   {to_iso(at)}  {text}")
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}" if values else "-"
