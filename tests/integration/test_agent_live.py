@@ -12,6 +12,7 @@ from pathlib import Path
 from tests.integration.conftest import arun
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import Delivered, EventConsumer
+from trainguard.dev.kafka import free_port
 from trainguard.events.clock import now_us
 from trainguard.events.payloads import NodeTelemetry, ProcessExit, ProcessState, StepReport
 from trainguard.events.topics import TopicRole
@@ -19,11 +20,12 @@ from trainguard.events.topics import TopicRole
 INTERVAL_S = 0.25
 
 
-def _rank(rank: int, sock: Path) -> subprocess.Popen[bytes]:
+def _rank(rank: int, sock: Path, port: int) -> subprocess.Popen[bytes]:
     """A real rank of the toy job, reporting through the StepReporter to the agent's socket."""
     env = {**os.environ, "TRAINGUARD_AGENT_SOCKET": str(sock)}
     return subprocess.Popen([sys.executable, "-m", "trainguard.demo.toy_job", "--job-id",
-                             "job-live", "--rank", str(rank), "--world-size", "3"], env=env)
+                             "job-live", "--rank", str(rank), "--world-size", "3",
+                             "--coord", str(port)], env=env, stderr=subprocess.DEVNULL)
 
 
 def _read(kafka: KafkaConfig) -> list[Delivered]:
@@ -51,7 +53,8 @@ def test_agent_publishes_node_records_and_a_killed_rank_exit(kafka: KafkaConfig,
     deadline = time.monotonic() + 30
     while not sock.exists() and time.monotonic() < deadline:  # the agent is listening
         time.sleep(0.05)
-    ranks = [_rank(r, sock) for r in range(3)]
+    port = free_port()
+    ranks = [_rank(r, sock, port) for r in range(3)]
     try:
         time.sleep(3.0)
         killed_at = now_us()
@@ -86,8 +89,12 @@ def test_agent_publishes_node_records_and_a_killed_rank_exit(kafka: KafkaConfig,
     assert set(states) == {0, 1, 2}  # watched from their first report, no discovery needed
     assert all(st in (ProcessState.RUNNING, ProcessState.SLEEPING) for st in states.values())
 
-    assert len(exits) == 1, exits
+    # The killed rank first; the survivors then lose their peer and leave the job (code 3).
+    assert len(exits) == 3, exits
     ex = exits[0]
+    survivors = {e.payload.rank: e.payload.exit_code for e in exits[1:]
+                 if isinstance(e.payload, ProcessExit)}
+    assert survivors == {0: 3, 2: 3}
     assert isinstance(ex.payload, ProcessExit)
     assert ex.job_id == "job-live" and ex.payload.rank == 1 and ex.payload.signal == 9
     assert ex.payload.pid == ranks[1].pid

@@ -103,7 +103,7 @@ def build_agent(opts: AgentOptions, config: KafkaConfig) -> BuiltAgent:
     closers.append(steps.close)
     agent = NodeAgent(identity, collectors, spool, publisher, TopicNames(config.topic_prefix),
                       metrics, interval_s=opts.interval_s,
-                      job_of_node=lambda: _single_job(processes))
+                      job_of_node=_NodeJob(processes))
     pump = SocketPump(steps.fileno(), steps.drain_discrete).start()
     closers.append(pump.stop)  # closers run in reverse: the pump stops before the socket
     built = BuiltAgent(agent, metrics, processes, closers=closers,
@@ -185,6 +185,19 @@ def _gpu_collector(opts: AgentOptions) -> Collector | None:
     return nvml
 
 
-def _single_job(processes: ProcessCollector) -> str | None:
-    jobs = processes.jobs()
-    return jobs[0] if len(jobs) == 1 else None
+class _NodeJob:
+    """The job this node's records are filed under: the one job with ranks here. A node stays
+    with its job after its ranks are gone (until another job's ranks appear), so the job's
+    event time keeps moving and silence or exits are still decided when every rank died."""
+
+    def __init__(self, processes: ProcessCollector) -> None:
+        self.processes = processes
+        self.last: str | None = None
+
+    def __call__(self) -> str | None:
+        jobs = self.processes.jobs()
+        if len(jobs) == 1:
+            self.last = jobs[0]
+        elif jobs:
+            return None
+        return self.last

@@ -5,8 +5,8 @@
 3. a 4-rank job (``toy_job``) reporting every step through the trainer-side hook;
 4. faults injected for real, each one an ``injection`` event on the log: rank 2 throttled to
    25% of a core through the cgroup CPU controller, then rank 3 killed with SIGKILL;
-5. the log read back and summarised: what each rank did, what the agent saw, and the rules'
-   verdicts computed from the log.
+5. `trainguard streams` applying the default rules live; the log is read back and summarised:
+   what each rank did, what the agent saw, and the verdicts the streams decided.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
+from trainguard.dev.kafka import free_port
 from trainguard.events.clock import now_us, to_iso
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import new_event_id
-from trainguard.events.payloads import Injection, ProcessExit, StepReport
+from trainguard.events.payloads import Injection, ProcessExit, StepReport, Verdict
 from trainguard.events.topics import TOPIC_SPECS, TopicRole
 
 JOB = "demo-job"
@@ -61,9 +62,16 @@ def run_demo(cfg: KafkaConfig, say: Say = print, seconds: float = 14.0) -> DemoR
         while not sock.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         say(f"[demo] agent {agent.pid} listening on {sock}")
+        streams = subprocess.Popen(
+            [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
+             cfg.bootstrap, "--prefix", cfg.topic_prefix, "--datadir", f"{tmp}/streams"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        say(f"[demo] streams worker {streams.pid} applying the default rules")
         env = {**os.environ, "TRAINGUARD_AGENT_SOCKET": str(sock)}
+        port = free_port()
         ranks = [subprocess.Popen([sys.executable, "-m", "trainguard.demo.toy_job", "--job-id",
-                                   JOB, "--rank", str(r), "--world-size", str(WORLD)], env=env)
+                                   JOB, "--rank", str(r), "--world-size", str(WORLD),
+                                   "--coord", str(port)], env=env, stderr=subprocess.DEVNULL)
                  for r in range(WORLD)]
         say(f"[demo] job {JOB}: ranks {[p.pid for p in ranks]}")
         try:
@@ -77,6 +85,12 @@ def run_demo(cfg: KafkaConfig, say: Say = print, seconds: float = 14.0) -> DemoR
             time.sleep(1.0)
             agent.send_signal(signal.SIGTERM)
             agent.wait(30)
+            time.sleep(3.0)  # let the streams worker finish the last batch
+            streams.send_signal(signal.SIGTERM)
+            try:
+                streams.wait(30)
+            except subprocess.TimeoutExpired:
+                streams.kill()
     run.events = asyncio.run(_read_log(cfg))
     return run
 
@@ -155,6 +169,18 @@ def summarise(run: DemoRun, say: Say = print) -> None:
             why = " (the demo's own shutdown)" if end is not None and e.event_time > end else ""
             timeline.append((e.event_time, f"agent: rank {p.rank} (pid {p.pid}) exited, signal "
                              f"{p.signal}, code {p.exit_code}, seen via {p.detected_by}{why}"))
+    for e in run.events:
+        if isinstance(e.payload, Verdict):
+            v = e.payload
+            where = ", ".join(f"{k} {val}" for k, val in e.subject.model_dump().items()
+                              if val is not None)
+            ev = {k: val for k, val in v.evidence.items()
+                  if k in ("ratio", "rank_ms", "peer_median_ms", "exit_code", "signal", "code",
+                           "silence_ms", "job_median_ms")}
+            first = to_iso(v.first_anomalous_time)
+            timeline.append((v.decided_time, f"verdict {v.state.value}: {v.kind} "
+                             f"({v.severity.value}) at {where}; first anomalous {first}; "
+                             f"evidence {ev}"))
     say("[demo] timeline:")
     for at, text in sorted(timeline):
         say(f"[demo]   {to_iso(at)}  {text}")
