@@ -1,0 +1,98 @@
+"""One streams worker's throughput on node-batched telemetry from the fleet generator, against
+a raw aiokafka consumer decoding the same records in the same run.
+
+    .venv/bin/python -m bench.bench_streams [nodes] [seconds]
+
+Samples are GPU samples (8 per node record). The worker is timed from its first committed
+offset to the last (faust commits in exactly-once transactions), so start-up is not counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+
+from bench._common import bench_broker
+from bench.fleet import fleet_records, publish
+from trainguard.bus.admin import ensure_topics
+from trainguard.bus.config import KafkaConfig
+from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
+
+GPUS = 8
+
+
+async def committed(cfg: KafkaConfig, group: str, topic: str) -> int:
+    admin = AIOKafkaAdminClient(**cfg.client_kwargs())
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+        return sum(m.offset for tp, m in offsets.items() if tp.topic == topic and m.offset > 0)
+    finally:
+        await admin.close()
+
+
+async def raw_rate(cfg: KafkaConfig, topic: str, n: int) -> float:
+    consumer = AIOKafkaConsumer(topic, **cfg.client_kwargs(), group_id=None,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20)
+    await consumer.start()
+    try:
+        t0, got = time.perf_counter(), 0
+        while got < n:
+            for recs in (await consumer.getmany(timeout_ms=1000, max_records=5000)).values():
+                for r in recs:
+                    orjson.loads(r.value)
+                got += len(recs)
+        return n / (time.perf_counter() - t0)
+    finally:
+        await consumer.stop()
+
+
+def main() -> None:
+    nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 256
+    seconds = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    records = list(fleet_records(nodes, GPUS, seconds, 1_790_000_000_000_000))
+    n = len(records)
+    with bench_broker() as info, tempfile.TemporaryDirectory() as tmp:
+        cfg = KafkaConfig(bootstrap=info.bootstrap, topic_prefix=f"bs{uuid.uuid4().hex[:6]}")
+        asyncio.run(ensure_topics(cfg, partitions={s.role: 3 for s in TOPIC_SPECS}))
+        asyncio.run(publish(cfg, records))
+        topic = TopicNames(cfg.topic_prefix).name(TopicRole.TELEMETRY)
+        raw = asyncio.run(raw_rate(cfg, topic, n))
+        app_id = f"{cfg.topic_prefix}-streams"
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
+             info.bootstrap, "--prefix", cfg.topic_prefix, "--datadir", f"{tmp}/w"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            first_t = first = None
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                done = asyncio.run(committed(cfg, app_id, topic))
+                if done and first is None:
+                    first, first_t = done, time.monotonic()
+                if done >= n:
+                    break
+                time.sleep(0.5)
+            end_t = time.monotonic()
+        finally:
+            worker.terminate()
+            worker.wait(30)
+    if first is None or first_t is None:
+        print("streams worker committed nothing")
+        return
+    rate = (n - first) / max(end_t - first_t, 1e-9)
+    print(f"{n} node records ({nodes} nodes x {GPUS} GPUs x {seconds} s): streams worker "
+          f"{rate:,.0f} records/s = {rate * GPUS:,.0f} samples/s; raw aiokafka+orjson "
+          f"{raw:,.0f} records/s = {raw * GPUS:,.0f} samples/s; ratio {rate / raw:.2f}")
+
+
+if __name__ == "__main__":
+    main()
