@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from trainguard.events.envelope import Event
+from tests.unit.rules_support import RULES, T0, S, kinds, run
 from trainguard.events.payloads import NicSample, NodeHealthKind, Verdict
-from trainguard.rules import RuleEngine, load_default_rules, replay
+from trainguard.rules import RuleEngine
 from trainguard.rules.synth import (
     gpu,
     heartbeat,
@@ -18,17 +18,6 @@ from trainguard.rules.synth import (
 )
 
 pytestmark = pytest.mark.unit
-RULES = load_default_rules()
-T0 = 1_700_000_000_000_000
-S = 1_000_000
-
-
-def run(events: list[Event]) -> list[Event]:
-    return replay(sorted(events, key=lambda e: (e.event_time, e.event_id)), RULES, "j")
-
-
-def kinds(out: list[Event]) -> list[tuple[str, str]]:
-    return [(v.payload.kind, v.payload.state.value) for v in out if isinstance(v.payload, Verdict)]
 
 
 def test_silent_rank_against_watermark_and_back() -> None:

@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.rules_support import T0, S, kinds, run
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import CheckpointAction, Verdict
-from trainguard.rules import load_default_rules, replay
 from trainguard.rules.synth import checkpoint, gpu, step_report, telemetry
 
 pytestmark = pytest.mark.unit
-RULES = load_default_rules()
-T0 = 1_700_000_000_000_000
-S = 1_000_000
-
-
-def run(events: list[Event]) -> list[Event]:
-    return replay(sorted(events, key=lambda e: (e.event_time, e.event_id)), RULES, "j")
-
-
-def kinds(out: list[Event]) -> list[tuple[str, str]]:
-    return [(v.payload.kind, v.payload.state.value) for v in out if isinstance(v.payload, Verdict)]
 
 
 def fleet(i: int, hot_gpu: bool) -> list[Event]:
