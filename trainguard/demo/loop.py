@@ -102,27 +102,29 @@ def _inject_faults(cfg: KafkaConfig, ranks: list[subprocess.Popen[bytes]], run: 
     try:
         group = create(f"demo-rank2-{os.getpid()}")
         group.add(ranks[2].pid)
+        at = now_us()  # the fault's time is when it acts, not when its event is published
         group.set_quota_pct(THROTTLE_PCT)
-        _injection(cfg, run, "slowdown", "start", 2, {"method": "cgroup cpu quota",
-                                                     "cpu_quota_pct": THROTTLE_PCT})
+        _injection(cfg, run, at, "slowdown", "start", 2, {"method": "cgroup cpu quota",
+                                                         "cpu_quota_pct": THROTTLE_PCT})
         say(f"[demo] injected: rank 2 throttled to {THROTTLE_PCT}% of a core (cgroup cpu quota)")
     except CgroupError as exc:
         say(f"[demo] slowdown not injected: {exc}")
     time.sleep(seconds * 0.3)
+    at = now_us()
     ranks[3].send_signal(signal.SIGKILL)
-    _injection(cfg, run, "worker-exit", "start", 3, {"signal": 9})
+    _injection(cfg, run, at, "worker-exit", "start", 3, {"signal": 9})
     say("[demo] injected: rank 3 killed (SIGKILL)")
     time.sleep(seconds * 0.4)
     run.injections.append(("end of run: the demo stops the job", now_us()))
     if group is not None:
+        at = now_us()
         group.set_quota_pct(None)
-        _injection(cfg, run, "slowdown", "rollback", 2, {})
+        _injection(cfg, run, at, "slowdown", "rollback", 2, {})
         group.remove()
 
 
-def _injection(cfg: KafkaConfig, run: DemoRun, fault: str, phase: str, rank: int,
+def _injection(cfg: KafkaConfig, run: DemoRun, at: int, fault: str, phase: str, rank: int,
                params: dict[str, str | int | float | bool | None]) -> None:
-    at = now_us()
     event = make_event(Injection(drill_id="demo", scenario="demo", fault=fault, phase=phase,
                                  target=f"rank-{rank}", params=params),
                        event_id=new_event_id(), job_id=JOB, event_time=at, source="demo",
