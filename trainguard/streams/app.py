@@ -68,7 +68,6 @@ def build_app(
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
     telemetry = app.topic(names.name(TopicRole.TELEMETRY), **raw)
     by_job = app.topic(telemetry_by_job_topic(names), partitions=partitions, **raw)
-    task = app.topic(names.name(TopicRole.TASK), **raw)
     verdicts = app.topic(names.name(TopicRole.VERDICTS), **raw)
     dlq = app.topic(names.name(TopicRole.DLQ), **raw)
     # use_partitioner: a job's snapshot goes to the changelog partition its key hashes to,
@@ -122,5 +121,5 @@ def build_app(
         # Another worker may have moved a job's state on; re-read it from the table.
         live.clear()
 
-    del task, route, evaluate, forget  # registered on the app
+    del route, evaluate, forget  # registered on the app by their decorators
     return app
