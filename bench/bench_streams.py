@@ -3,8 +3,9 @@ a raw aiokafka consumer decoding the same records in the same run.
 
     .venv/bin/python -m bench.bench_streams [nodes] [seconds]
 
-Samples are GPU samples (8 per node record). The worker is timed from its first committed
-offset to the last (faust commits in exactly-once transactions), so start-up is not counted.
+Samples are GPU samples (8 per node record). The worker is timed from the evaluate agent's first
+committed offset to the last (faust commits in exactly-once transactions), so start-up is not
+counted.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import uuid
 import orjson
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from bench._common import bench_broker
 from bench.fleet import fleet_records, publish
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
+from trainguard.streams.app import telemetry_by_job_topic
 
 GPUS = 8
 
@@ -35,6 +38,8 @@ async def committed(cfg: KafkaConfig, group: str, topic: str) -> int:
     try:
         offsets = await admin.list_consumer_group_offsets(group)
         return sum(m.offset for tp, m in offsets.items() if tp.topic == topic and m.offset > 0)
+    except KafkaError:  # the worker's group does not exist yet
+        return 0
     finally:
         await admin.close()
 
@@ -66,6 +71,9 @@ def main() -> None:
         asyncio.run(publish(cfg, records))
         topic = TopicNames(cfg.topic_prefix).name(TopicRole.TELEMETRY)
         raw = asyncio.run(raw_rate(cfg, topic, n))
+        # Evaluated, not only routed: the evaluate agent's offsets on the re-keyed topic
+        # (transaction markers take offsets too, so "done" is >= n there).
+        evaluated = telemetry_by_job_topic(TopicNames(cfg.topic_prefix))
         app_id = f"{cfg.topic_prefix}-streams"
         worker = subprocess.Popen(
             [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
@@ -75,7 +83,7 @@ def main() -> None:
             first_t = first = None
             deadline = time.monotonic() + 600
             while time.monotonic() < deadline:
-                done = asyncio.run(committed(cfg, app_id, topic))
+                done = asyncio.run(committed(cfg, app_id, evaluated))
                 if done and first is None:
                     first, first_t = done, time.monotonic()
                 if done >= n:

@@ -28,8 +28,47 @@ class HwOutlierRule(RuleBase):
     types = frozenset({"telemetry.node"})
 
     def initial_state(self) -> dict[str, Any]:
-        # latest: "node/gpu" -> [time, util, metric values...]; runs: sustain counters
-        return {"latest": {}, "runs": {}}
+        # latest: "node/gpu" -> [time, util, metric values...]; runs: sustain counters;
+        # stats: the job-wide statistics last computed and when (event time)
+        return {"latest": {}, "runs": {}, "stats": None}
+
+    def _job_stats(self, t: int, latest: dict[str, list[Any]], metrics: list[str]
+                   ) -> tuple[float, list[tuple[float, float, float, float] | None], int] | None:
+        """Median util and per-metric (median, scale, low, high) over the job's busy GPUs,
+        recomputed at most every ``recompute_ms`` of event time (kept in the state, so a
+        restored engine decides exactly as an uninterrupted one)."""
+        p = self.p
+        cached = self.s.get("stats")
+        if cached is not None and t - cached["at"] < p["recompute_ms"] * 1000:
+            if cached["util_med"] is None:
+                return None
+            return cached["util_med"], [None if b is None else
+                                        (b[0], b[1], -math.inf if b[2] is None else b[2],
+                                         math.inf if b[3] is None else b[3])
+                                        for b in cached["bounds"]], cached["peers"]
+        busy = [v for _, v in sorted(latest.items()) if v[1] >= p["min_util_pct"]]
+        if len(busy) - 1 < int(p["min_peers"]):
+            self.s["stats"] = {"at": t, "util_med": None, "bounds": [], "peers": 0}
+            return None
+        util_med = median([v[1] for v in busy])
+        thr = p["z_threshold"]
+        bounds: list[tuple[float, float, float, float] | None] = []
+        for i, metric in enumerate(metrics):
+            values = [v[2 + i] for v in busy if v[2 + i] is not None]
+            if len(values) - 1 < int(p["min_peers"]):
+                bounds.append(None)
+                continue
+            med = median(values)
+            scale = max(mad(values, med), p["min_mad_fraction"] * abs(med), 1e-12)
+            reach = thr * scale / 0.6745
+            d = _DIRECTION.get(metric, 0)
+            bounds.append((med, scale, med - reach if d <= 0 else -math.inf,
+                           med + reach if d >= 0 else math.inf))
+        self.s["stats"] = {"at": t, "util_med": util_med, "bounds": [
+            None if b is None else [b[0], b[1], None if math.isinf(b[2]) else b[2],
+                                    None if math.isinf(b[3]) else b[3]] for b in bounds],
+                           "peers": len(busy) - 1}
+        return util_med, bounds, len(busy) - 1
 
     def feed(self, event: Event) -> list[Event]:
         p = self.p
@@ -47,24 +86,10 @@ class HwOutlierRule(RuleBase):
         stale = int(p["stale_ms"] * 1000)
         for key in [k for k, v in latest.items() if t - v[0] > stale]:
             del latest[key]
-        busy = [v for _, v in sorted(latest.items()) if v[1] >= p["min_util_pct"]]
-        if len(busy) - 1 < int(p["min_peers"]):
+        stats = self._job_stats(t, latest, metrics)
+        if stats is None:
             return []
-        util_med = median([v[1] for v in busy])
-        thr = p["z_threshold"]
-        # per metric: (median, scale, lower bound, upper bound) with robust z outside the bounds
-        bounds: list[tuple[float, float, float, float] | None] = []
-        for i, metric in enumerate(metrics):
-            values = [v[2 + i] for v in busy if v[2 + i] is not None]
-            if len(values) - 1 < int(p["min_peers"]):
-                bounds.append(None)
-                continue
-            med = median(values)
-            scale = max(mad(values, med), p["min_mad_fraction"] * abs(med), 1e-12)
-            reach = thr * scale / 0.6745
-            d = _DIRECTION.get(metric, 0)
-            bounds.append((med, scale, med - reach if d <= 0 else -math.inf,
-                           med + reach if d >= 0 else math.inf))
+        util_med, bounds, peers = stats
         out: list[Event] = []
         runs = self.s["runs"]
         for index, key in mine:
@@ -86,7 +111,7 @@ class HwOutlierRule(RuleBase):
                                 int(p["sustain_samples"]), int(p["clear_samples"]),
                                 kind="hw_outlier",
                                 subject=gpu_subject(node, index), severity=None,
-                                evidence=_evidence(hits, row[1], util_med, len(busy) - 1)))
+                                evidence=_evidence(hits, row[1], util_med, peers)))
         return out
 
 

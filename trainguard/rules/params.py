@@ -127,6 +127,10 @@ PARAMS: dict[str, tuple[Param, ...]] = {
         Param("clear_samples", int, 3, ge(1), ""),
         Param("min_mad_fraction", NUM, 0.01, gt(0),
               "MAD floor as a share of the median, so identical peers do not give z=inf"),
+        Param("recompute_ms", NUM, 1000.0, ge(0),
+              "the job-wide statistics are recomputed at most this often in event time "
+              "(one sort per interval, not one per node record: O(GPUs) instead of "
+              "O(nodes x GPUs) per interval)"),
     ),
     "data_starvation": (
         Param("wait_share", NUM, 0.3, between(0, 1), "data_wait_ms / step time"),
