@@ -152,8 +152,8 @@ async def _tail_digests(config: KafkaConfig, topics: list[str], window: int,
     """Digests of the last ``window`` records of every partition of ``topics``."""
     consumer = AIOKafkaConsumer(**config.client_kwargs(), group_id=None,
                                 enable_auto_commit=False, isolation_level="read_uncommitted")
-    await asyncio.wait_for(consumer.start(), timeout_s)
-    try:
+    try:  # stopped even when starting fails (the broker may still be away)
+        await asyncio.wait_for(consumer.start(), timeout_s)
         parts = [TopicPartition(t, p) for t in topics
                  for p in await _partitions(config, t, timeout_s)]
         consumer.assign(parts)
@@ -181,8 +181,8 @@ async def _tail_digests(config: KafkaConfig, topics: list[str], window: int,
 
 async def _partitions(config: KafkaConfig, topic: str, timeout_s: float) -> list[int]:
     admin = AIOKafkaAdminClient(**config.client_kwargs())
-    await asyncio.wait_for(admin.start(), timeout_s)
     try:
+        await asyncio.wait_for(admin.start(), timeout_s)
         described = await admin.describe_topics([topic])
         return sorted(p["partition"] for d in described for p in d["partitions"])
     finally:
