@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.unit.rules_support import T0, S
 from trainguard.events.codec import encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import CheckpointAction, NodeHealthKind, StepReport, Verdict
@@ -26,8 +27,6 @@ from trainguard.rules.synth import (
 )
 
 pytestmark = pytest.mark.unit
-T0 = 1_700_000_000_000_000
-S = 1_000_000
 RULES: RuleSet = parse_rules(
     "allowed_lateness_ms: 2000\nrules:\n"
     + "".join(f"  - id: {k.replace('_', '-')}\n    kind: {k}\n" for k in KINDS if k != "liveness")

@@ -62,23 +62,21 @@ def reset(group: dict[str, Any]) -> None:
     group["max"] = -1
 
 
-def push_window(hist: dict[str, list[float]], key: str, value: float, size: int) -> float | None:
-    """Append to a rolling window; return its mean once it holds ``size`` values."""
-    ring = hist.get(key)
-    if ring is None:
-        ring = hist[key] = []
-    ring.append(value)
+def _push(rings: dict[str, list[Any]], key: str, item: Any, size: int) -> list[Any]:
+    """Append ``item`` to ``key``'s ring (a JSON list kept in the state), at most ``size``."""
+    ring = rings.setdefault(key, [])
+    ring.append(item)
     if len(ring) > size:
         del ring[0]
+    return ring
+
+
+def push_window(hist: dict[str, list[float]], key: str, value: float, size: int) -> float | None:
+    """Append to a rolling window; return its mean once it holds ``size`` values."""
+    ring = _push(hist, key, value, size)
     return sum(ring) / size if len(ring) == size else None
 
 
 def push_flag(flags: dict[str, list[Any]], key: str, flag: list[Any], n: int) -> list[list[Any]]:
     """Keep the last ``n`` window flags ``[over, time, step]`` of ``key``."""
-    ring = flags.get(key)
-    if ring is None:
-        ring = flags[key] = []
-    ring.append(flag)
-    if len(ring) > n:
-        del ring[0]
-    return ring
+    return _push(flags, key, flag, n)
