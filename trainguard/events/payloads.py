@@ -282,6 +282,50 @@ class CommandOutcome(Payload):
     data: FlatMap = Field(default_factory=dict)
 
 
+# --- the pool: units and replicas ---------------------------------------------------------
+
+
+class UnitState(StrEnum):
+    SPARE = "spare"
+    BOUND = "bound"
+    DRAINING = "draining"
+    FENCED = "fenced"
+    FAILED = "failed"
+
+
+class PoolUnit(Payload):
+    """A compute unit of the pool changed state (event-sourced: the pool is rebuilt from these).
+
+    ``bound`` names the job (the envelope's ``job_id``), ``rank`` and ``epoch`` of the binding;
+    ``fenced`` means the replica that held it was stopped, confirmed dead and the unit released
+    (``released`` lists what was given back: cgroup, sockets, temp files).
+    """
+
+    unit: Name
+    state: UnitState
+    node: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    rank: Count | None = None
+    epoch: Count | None = None
+    pid: Annotated[int, Field(gt=0)] | None = None
+    command_id: str | None = None
+    reason: Annotated[str, Field(max_length=4096)] = ""
+    resources: FlatMap = Field(default_factory=dict)
+    released: list[str] = Field(default_factory=list)
+
+
+class ReplicaRefused(Payload):
+    """A replica with a stale binding epoch showed itself and was refused (reports discarded,
+    the process killed)."""
+
+    rank: Count
+    stale_epoch: Count
+    current_epoch: Count
+    pid: Annotated[int, Field(gt=0)] | None = None
+    action: Literal["discarded", "killed", "already_gone"]
+    reason: Annotated[str, Field(max_length=4096)] = ""
+
+
 # --- drills and incidents ------------------------------------------------------------------
 
 
