@@ -1,0 +1,114 @@
+"""`trainguard metrics serve|traces`: the pipeline-metrics service; incident traces from a log."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from trainguard.cli.common import add_kafka_args, kafka_config
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    metrics = sub.add_parser("metrics", help="pipeline metrics on /metrics; incident traces")
+    m_sub = metrics.add_subparsers(dest="metrics_command", required=True)
+    serve = m_sub.add_parser("serve", help="read every event topic (a consumer group) and "
+                             "export Prometheus metrics; optionally incident traces over OTLP")
+    add_kafka_args(serve)
+    serve.add_argument("--port", type=int, default=9402, help="port for /metrics")
+    serve.add_argument("--addr", default="127.0.0.1", help="address for /metrics")
+    serve.add_argument("--group", help="consumer group (default <prefix>-metrics)")
+    serve.add_argument("--from", dest="from_offset", choices=["earliest", "latest"],
+                       default="latest", help="where a new group starts (default latest)")
+    serve.add_argument("--series-ttl", type=float, default=3600.0,
+                       help="seconds of event time after which a silent job's series go")
+    serve.add_argument("--watch-group", action="append", default=[], metavar="GROUP",
+                       help="also export this consumer group's lag per topic (repeatable), "
+                       "e.g. the streams app id")
+    _otlp_arg(serve)
+    serve.add_argument("--duration", type=float, help="stop after this many seconds")
+    serve.set_defaults(func=_serve)
+    traces = m_sub.add_parser("traces", help="build incident traces from a JSON-lines event "
+                              "log (`trainguard events tail` output) and export them")
+    traces.add_argument("file", type=Path)
+    _otlp_arg(traces)
+    traces.add_argument("--all", action="store_true", help="also incidents not yet ended")
+    traces.set_defaults(func=_traces)
+
+
+def _otlp_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--otlp-endpoint", help="OTLP/HTTP traces endpoint, e.g. "
+                   "http://collector:4318/v1/traces (default $TRAINGUARD_OTLP_ENDPOINT, else "
+                   "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; none: no traces)")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from trainguard.metrics.recorder import Recorder
+    from trainguard.metrics.registry import PipelineMetrics
+    from trainguard.metrics.service import EventSink, MetricsService
+    from trainguard.traces.provider import otlp_emitter, otlp_endpoint
+    from trainguard.traces.sink import IncidentTraceSink
+
+    cfg = kafka_config(args, client_id="trainguard-metrics")
+    recorder = Recorder(PipelineMetrics(), series_ttl_s=args.series_ttl)
+    sinks: list[EventSink] = []
+    endpoint = otlp_endpoint(args.otlp_endpoint)
+    emitter = otlp_emitter(endpoint, service_name="trainguard-metrics") if endpoint else None
+    if emitter is not None:
+        sinks.append(IncidentTraceSink(emitter))
+    start_http_server(args.port, addr=args.addr, registry=recorder.metrics.registry)
+    log.warning("metrics: /metrics on %s:%d, topics %s.*, traces %s", args.addr, args.port,
+                cfg.topic_prefix, endpoint or "off")
+
+    async def main() -> None:
+        service = MetricsService(cfg, recorder, group_id=args.group or
+                                 f"{cfg.topic_prefix}-metrics", from_offset=args.from_offset,
+                                 sinks=sinks, watch_groups=args.watch_group)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, service.stopping.set)
+        if args.duration:
+            loop.call_later(args.duration, service.stopping.set)
+        await service.run()
+
+    try:
+        asyncio.run(main())
+    finally:
+        if emitter is not None:
+            emitter.provider.shutdown()
+    return 0
+
+
+def _traces(args: argparse.Namespace) -> int:
+    from trainguard.events.codec import decode
+    from trainguard.events.errors import ContractError
+    from trainguard.traces.plan import plan_traces
+    from trainguard.traces.provider import otlp_emitter, otlp_endpoint
+
+    events = []
+    with args.file.open("rb") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    events.append(decode(line))
+                except ContractError as err:
+                    print(f"{args.file}:{lineno}: {err}", file=sys.stderr)
+                    return 1
+    plans = [p for p in plan_traces(events) if p.complete or args.all]
+    endpoint = otlp_endpoint(args.otlp_endpoint)
+    emitter = otlp_emitter(endpoint, service_name="trainguard-replay") if endpoint else None
+    for plan in plans:
+        if emitter is not None:
+            emitter.emit(plan)
+        print(f"{plan.incident_id} trace {plan.trace_id:032x} job {plan.job_id} "
+              f"{plan.final_state or 'open'}: " + ", ".join(s.name for s in plan.spans[1:]))
+    if emitter is not None:
+        emitter.provider.shutdown()
+    return 0

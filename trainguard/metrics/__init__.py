@@ -1,0 +1,1 @@
+"""The pipeline-metrics service: the event log, read as a consumer group, on /metrics."""
