@@ -1,0 +1,1 @@
+"""Channels: each turns a ``Message`` into one HTTP request (``Channel.build``)."""

@@ -1,0 +1,46 @@
+"""Feishu/Lark custom bot: a ``post`` (title + lines), signed with ``timestamp`` and ``sign`` in
+the body when the bot has a secret. Answers ``{"code": 0}`` (older: ``{"StatusCode": 0}``);
+code 9499/11232 mean too many requests. 5 per second and 100 per minute per bot."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from trainguard.alerts.channels.base import ChannelPolicy, HttpRequest
+from trainguard.alerts.ratelimit import Limit
+from trainguard.alerts.render import Message, body_lines, title
+from trainguard.alerts.reply import ReplyCheck
+from trainguard.alerts.secrets import Secret, shown_url
+from trainguard.alerts.signing import feishu_sign
+
+FEISHU_LIMITS = (Limit(5, 1.0), Limit(100, 60.0))
+FEISHU_REPLY = ReplyCheck(code_keys=("code", "StatusCode"), retry_codes=frozenset({9499, 11232}))
+
+
+@dataclass(frozen=True)
+class FeishuChannel:
+    name: str
+    url: Secret
+    secret: Secret | None = None
+    limits: tuple[Limit, ...] = FEISHU_LIMITS
+    max_individual: int = 5
+
+    @property
+    def policy(self) -> ChannelPolicy:
+        return ChannelPolicy(self.name, "feishu", self.limits, self.max_individual)
+
+    def build(self, message: Message, now_s: float) -> HttpRequest:
+        body: dict[str, Any] = {}
+        if self.secret is not None:
+            ts = int(now_s)
+            body["timestamp"] = str(ts)
+            body["sign"] = feishu_sign(ts, self.secret.reveal())
+        body["msg_type"] = "post"
+        body["content"] = {"post": {"zh_cn": {
+            "title": title(message),
+            "content": [[{"tag": "text", "text": line}] for line in body_lines(message)],
+        }}}
+        return HttpRequest(url=self.url.reveal(), body=json.dumps(body).encode(),
+                           shown=shown_url(self.url.reveal()), check=FEISHU_REPLY)

@@ -1,0 +1,238 @@
+"""The alerts config file (YAML): channels, their secrets (from the environment or files, never
+inline for tokens), coalescing. Bad input fails with the dotted path of the bad field.
+
+    coalesce: {hold_s: 2, retain_s: 86400}
+    channels:
+      - {name: ops-slack, type: slack, url: {env: SLACK_WEBHOOK_URL}}
+      - {name: ops-feishu, type: feishu, url: {file: /run/secrets/feishu_url},
+         secret: {env: FEISHU_SECRET}}
+      - {name: am, type: alertmanager, url: "http://alertmanager:9093", resend_s: 60}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from trainguard.alerts.backoff import Backoff
+from trainguard.alerts.channels.alertmanager import ALERTMANAGER_LIMITS, AlertmanagerChannel
+from trainguard.alerts.channels.base import Channel
+from trainguard.alerts.channels.dingtalk import DINGTALK_LIMITS, DingTalkChannel
+from trainguard.alerts.channels.feishu import FEISHU_LIMITS, FeishuChannel
+from trainguard.alerts.channels.slack import SLACK_LIMITS, SlackChannel
+from trainguard.alerts.channels.webhook import WEBHOOK_LIMITS, WebhookChannel
+from trainguard.alerts.channels.wecom import WECOM_LIMITS, WeComChannel
+from trainguard.alerts.ratelimit import Limit
+from trainguard.alerts.secrets import Redactor, Secret, url_secret_parts
+
+ChannelType = Literal["slack", "feishu", "dingtalk", "wecom", "webhook", "alertmanager"]
+# Their URL is the credential: it must come from the environment or a file.
+TOKEN_URL_TYPES = frozenset({"slack", "feishu", "dingtalk", "wecom"})
+SIGNED_TYPES = frozenset({"feishu", "dingtalk", "webhook"})
+DEFAULT_LIMITS: dict[str, tuple[Limit, ...]] = {
+    "slack": SLACK_LIMITS, "feishu": FEISHU_LIMITS, "dingtalk": DINGTALK_LIMITS,
+    "wecom": WECOM_LIMITS, "webhook": WEBHOOK_LIMITS, "alertmanager": ALERTMANAGER_LIMITS,
+}
+
+
+class ConfigError(ValueError):
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SecretSource(_Model):
+    env: Annotated[str, Field(min_length=1)] | None = None
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> SecretSource:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("give exactly one of env: NAME or file: PATH")
+        return self
+
+
+class LimitSpec(_Model):
+    count: Annotated[int, Field(ge=1)]
+    per_s: Annotated[float, Field(gt=0)]
+
+
+class RetrySpec(_Model):
+    max_attempts: Annotated[int, Field(ge=1, le=20)] = 5
+    base_s: Annotated[float, Field(ge=0)] = 0.5
+    cap_s: Annotated[float, Field(gt=0)] = 30.0
+
+
+class ChannelSpec(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    type: ChannelType
+    url: str | SecretSource
+    secret: SecretSource | None = None
+    bearer_token: SecretSource | None = None
+    msgtype: Literal["markdown", "text"] = "markdown"
+    limits: list[LimitSpec] | None = None
+    max_individual: Annotated[int, Field(ge=1, le=50)] = 5
+    resend_s: Annotated[float, Field(gt=0)] = 60.0
+    timeout_s: Annotated[float, Field(gt=0, le=120)] = 10.0
+    retry: RetrySpec = RetrySpec()
+
+    @model_validator(mode="after")
+    def _fits_type(self) -> ChannelSpec:
+        if self.type in TOKEN_URL_TYPES and isinstance(self.url, str):
+            raise ValueError(f"url: a {self.type} webhook URL carries its token; give it as "
+                             "{env: NAME} or {file: PATH}, not inline")
+        if self.secret is not None and self.type not in SIGNED_TYPES:
+            raise ValueError(f"secret: {self.type} has no signature; remove it")
+        if self.bearer_token is not None and self.type != "alertmanager":
+            raise ValueError("bearer_token: only for alertmanager")
+        return self
+
+
+class CoalesceSpec(_Model):
+    hold_s: Annotated[float, Field(ge=0, le=600)] = 2.0
+    flush_s: Annotated[float, Field(ge=0.05, le=60)] = 1.0
+    retain_s: Annotated[float, Field(ge=0)] = 86_400.0
+
+
+class AlertsFile(_Model):
+    channels: Annotated[list[ChannelSpec], Field(min_length=1)]
+    coalesce: CoalesceSpec = CoalesceSpec()
+
+    @field_validator("channels")
+    @classmethod
+    def _unique(cls, channels: list[ChannelSpec]) -> list[ChannelSpec]:
+        seen: set[str] = set()
+        for spec in channels:
+            if spec.name in seen:
+                raise ValueError(f"channel name {spec.name!r} is used twice")
+            seen.add(spec.name)
+        return channels
+
+
+@dataclass(frozen=True)
+class BuiltChannel:
+    channel: Channel
+    backoff: Backoff
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class AlertsConfig:
+    channels: tuple[BuiltChannel, ...]
+    coalesce: CoalesceSpec
+    redactor: Redactor
+
+
+def parse(doc: object) -> AlertsFile:
+    try:
+        return AlertsFile.model_validate(doc)
+    except ValidationError as exc:
+        errors = exc.errors()
+        # a union reports one error per member: the one that is not a type mismatch says more
+        err = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
+        loc = [str(p) for p in err["loc"] if not _union_tag(p)]
+        raise ConfigError(".".join(loc) or "(file)", err["msg"]) from None
+
+
+def _union_tag(part: object) -> bool:
+    return isinstance(part, str) and (part == "str" or "SecretSource" in part)
+
+
+def load(path: Path, environ: Mapping[str, str] | None = None) -> AlertsConfig:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"not YAML: {exc}") from None
+    return build(parse(doc), os.environ if environ is None else environ)
+
+
+def resolve(source: SecretSource, field: str, environ: Mapping[str, str]) -> Secret:
+    if source.env is not None:
+        value = environ.get(source.env)
+        if not value:
+            raise ConfigError(field, f"environment variable {source.env} is not set")
+        return Secret(value.strip())
+    assert source.file is not None
+    try:
+        value = source.file.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(field, f"cannot read {source.file}: {exc.strerror}") from None
+    if not value:
+        raise ConfigError(field, f"{source.file} is empty")
+    return Secret(value)
+
+
+def build(spec: AlertsFile, environ: Mapping[str, str]) -> AlertsConfig:
+    redactor = Redactor()
+    built: list[BuiltChannel] = []
+    for i, ch in enumerate(spec.channels):
+        where = f"channels.{i}"
+        if isinstance(ch.url, str):
+            url = Secret(ch.url)
+        else:
+            url = resolve(ch.url, f"{where}.url", environ)
+            redactor.add(*url_secret_parts(url.reveal()))
+        secrets = {}
+        for field in ("secret", "bearer_token"):
+            source: SecretSource | None = getattr(ch, field)
+            if source is not None:
+                secrets[field] = resolve(source, f"{where}.{field}", environ)
+                redactor.add(secrets[field].reveal())
+        _check_url(url.reveal(), f"{where}.url")
+        channel = _channel(ch, url, secrets.get("secret"), secrets.get("bearer_token"))
+        backoff = Backoff(base_s=ch.retry.base_s, cap_s=max(ch.retry.cap_s, ch.retry.base_s),
+                          max_attempts=ch.retry.max_attempts)
+        built.append(BuiltChannel(channel, backoff, ch.timeout_s))
+    return AlertsConfig(tuple(built), spec.coalesce, redactor)
+
+
+def _check_url(url: str, field: str) -> None:
+    """A usable http(s) URL; the message never repeats the URL (it may carry a token)."""
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(field, "not an http(s) URL with a host")
+
+
+def _channel(ch: ChannelSpec, url: Secret, secret: Secret | None,
+             bearer: Secret | None) -> Channel:
+    limits = (DEFAULT_LIMITS[ch.type] if ch.limits is None
+              else tuple(Limit(x.count, x.per_s) for x in ch.limits))
+    n, m = ch.name, ch.max_individual
+    if ch.type == "slack":
+        return SlackChannel(n, url, limits=limits, max_individual=m)
+    if ch.type == "feishu":
+        return FeishuChannel(n, url, secret, limits=limits, max_individual=m)
+    if ch.type == "dingtalk":
+        return DingTalkChannel(n, url, secret, msgtype=ch.msgtype, limits=limits,
+                               max_individual=m)
+    if ch.type == "wecom":
+        return WeComChannel(n, url, msgtype=ch.msgtype, limits=limits, max_individual=m)
+    if ch.type == "webhook":
+        return WebhookChannel(n, url, secret, limits=limits, max_individual=m)
+    return AlertmanagerChannel(n, url.reveal(), resend_s=ch.resend_s, bearer_token=bearer,
+                               limits=limits)
