@@ -1,0 +1,55 @@
+"""Incidents and replay: the fold's rate, a whole replay's rate, a timeline's cost.
+
+    .venv/bin/python -m bench.bench_replay
+
+Prints figures; nothing is asserted. The log is the synthetic kill -> migrate -> resume of
+``trainguard/incidents/synth.py`` scaled up (more ranks, more steps): step reports dominate it,
+as in a real log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from trainguard.incidents import rebuild, rebuild_incidents
+from trainguard.incidents.synth import Scenario, incident_log
+from trainguard.replay import replay_log
+from trainguard.rules import load_default_rules
+from trainguard.timeline import build_timeline, render
+
+T = TypeVar("T")
+
+
+def timed(fn: Callable[[], T], repeat: int = 3) -> tuple[float, T]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    assert out is not None
+    return best, out
+
+
+def main() -> None:
+    sc = Scenario(ranks=32, kill_after_step=400, checkpoint_every=100, resume_steps=100,
+                  slow_rank=5, kill_rank=17)
+    log = incident_log(sc)
+    log = log + rebuild(log)
+    rules = load_default_rules()
+    n = len(log)
+    print(f"log: {n} events ({sc.ranks} ranks, {sc.kill_after_step + sc.resume_steps} steps)")
+    s, transitions = timed(lambda: rebuild(log))
+    print(f"incident fold (sort + dedupe + fold): {n / s:,.0f} events/s ({s * 1000:.0f} ms, "
+          f"{len(transitions)} transitions)")
+    s, result = timed(lambda: replay_log(log, rules), repeat=1)
+    print(f"replay (rules + fold + compare): {n / s:,.0f} events/s ({s:.2f} s), "
+          f"exact={result.exact}")
+    incs = list(rebuild_incidents(log)[sc.job].incidents.values())
+    s, page = timed(lambda: render(build_timeline(incs[-1], log), "html"))
+    print(f"timeline of the kill (build + html): {s * 1000:.0f} ms, {len(page) / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()

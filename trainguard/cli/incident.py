@@ -1,0 +1,119 @@
+"""`trainguard incident list|show|serve`: incidents rebuilt from the log, their timelines, and
+the service that publishes incident transitions."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.events.clock import to_iso
+from trainguard.events.envelope import Event
+from trainguard.incidents.query import IncidentNotFound, find, incident_views
+from trainguard.incidents.service import serve
+from trainguard.incidents.settings import IncidentSettings
+from trainguard.incidents.source import LogFileError, LogSourceError, read_log_file, read_topics
+from trainguard.timeline import FORMATS, build_timeline, render
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    inc = sub.add_parser("incident", help="incidents: list, timeline, the incident service")
+    inc_sub = inc.add_subparsers(dest="incident_command", required=True)
+    ls = inc_sub.add_parser("list", help="every incident in the log, oldest first")
+    _log_args(ls)
+    ls.set_defaults(func=_list)
+    show = inc_sub.add_parser("show", help="one incident's timeline and the four answers")
+    show.add_argument("id", metavar="ID", help="incident id or a unique prefix (4+ chars)")
+    _log_args(show)
+    show.add_argument("--format", choices=sorted(FORMATS), default="text")
+    show.add_argument("--out", type=Path, help="write to this file instead of stdout")
+    show.set_defaults(func=_show)
+    srv = inc_sub.add_parser("serve", help="consume the log, publish incident transitions")
+    add_kafka_args(srv)
+    _settings_args(srv)
+    srv.add_argument("--group", help="consumer group (default: <prefix>-incidents)")
+    srv.add_argument("--idle-flush-s", type=float, default=5.0,
+                     help="flush the reorder buffer after this long without input")
+    srv.set_defaults(func=_serve)
+
+
+def _log_args(p: argparse.ArgumentParser) -> None:
+    add_kafka_args(p)
+    p.add_argument("--log", type=Path, help="an exported JSON-lines log instead of the topics "
+                   "(`trainguard replay export`)")
+    p.add_argument("--job", help="only this job")
+    _settings_args(p)
+
+
+def _settings_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--join-window-ms", type=int, default=30_000,
+                   help="a verdict this soon after an incident opened joins it")
+    p.add_argument("--lateness-ms", type=int, default=15_000,
+                   help="event-time lateness of the live reorder buffer")
+
+
+def settings_of(args: argparse.Namespace) -> IncidentSettings:
+    return IncidentSettings(join_window_us=args.join_window_ms * 1000,
+                            lateness_us=args.lateness_ms * 1000)
+
+
+def load_log(args: argparse.Namespace) -> list[Event]:
+    if args.log is not None:
+        return read_log_file(args.log)
+    cfg = kafka_config(args, client_id="trainguard-incident")
+    return asyncio.run(read_topics(cfg)).events
+
+
+def _list(args: argparse.Namespace) -> int:
+    try:
+        views = incident_views(load_log(args), settings_of(args), args.job)
+    except (LogFileError, LogSourceError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    for v in views:
+        inc = v.incident
+        tier = f" tier {inc.tier}" if inc.tier is not None else ""
+        took = f"{(inc.closed_at - inc.opened_at) / 1e6:.3f}s" if inc.closed_at else "open"
+        kinds = ",".join(sorted({r.kind for r in inc.verdicts.values()}))
+        where = ", ".join(f"{k} {x}" for k, x in inc.subject.model_dump(exclude_none=True).items())
+        state = inc.state.value if inc.state else "?"
+        print(f"{inc.incident_id[:12]}  {inc.job_id}  {to_iso(inc.opened_at)}  "
+              f"{state + tier:<16} {took:>9}  {kinds}  at {where or 'the job'}  [{v.status}]")
+    print(f"{len(views)} incident(s)")
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    try:
+        events = load_log(args)
+        view = find(incident_views(events, settings_of(args), args.job), args.id)
+    except (LogFileError, LogSourceError, IncidentNotFound) as err:
+        print(err, file=sys.stderr)
+        return 2
+    text = render(build_timeline(view.incident, events), args.format)
+    if args.out:
+        args.out.write_text(text)
+        print(f"wrote {args.out} ({args.format}, incident {view.incident.incident_id})")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    cfg = kafka_config(args, client_id="trainguard-incidents")
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        stats = await serve(cfg, settings=settings_of(args), group=args.group,
+                            idle_flush_s=args.idle_flush_s, stop=stop)
+        print(f"incidents: consumed {stats.consumed}, published {stats.published}, "
+              f"already published {stats.already_published}")
+
+    asyncio.run(run())
+    return 0

@@ -1,0 +1,93 @@
+"""`trainguard replay [--from T] [--to T] [--rules FILE] [--log FILE]`: re-run the rules and the
+incident fold over the recorded log; `trainguard replay export`: the log as JSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import orjson
+
+from trainguard.cli.incident import load_log, settings_of
+from trainguard.events.envelope import Event
+from trainguard.incidents.source import LogFileError, LogSourceError, write_log
+from trainguard.replay.report import render_report, report_doc
+from trainguard.replay.run import replay_log
+from trainguard.replay.window import Window, WindowError
+from trainguard.rules import RuleError, load_default_rules, load_rules
+
+WHEN = "ISO time (2026-01-01T00:00:05Z), epoch microseconds, or an offset from the log's " \
+       "start or end: start+30s, end-5m (also +30s, and -5m written as --to=-5m)"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rp = sub.add_parser("replay", help="replay the log: reproduce or what-if; export it")
+    _common(rp)
+    rp.add_argument("--rules", type=Path, help="rule file (default: the shipped default rules)")
+    rp.add_argument("--json", action="store_true", help="the comparison as JSON")
+    rp.add_argument("--join-window-ms", type=int, default=30_000, help=argparse.SUPPRESS)
+    rp.add_argument("--lateness-ms", type=int, default=15_000, help=argparse.SUPPRESS)
+    rp.set_defaults(func=_replay)
+    rp_sub = rp.add_subparsers(dest="replay_command", required=False, metavar="export")
+    ex = rp_sub.add_parser("export", help="write the log (or a window of it) as JSON lines")
+    _common(ex, default=argparse.SUPPRESS)  # given before or after `export`, both count
+    ex.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    ex.set_defaults(func=_export)
+
+
+def _common(p: argparse.ArgumentParser, default: object = None) -> None:
+    p.add_argument("--bootstrap", default=default, help="Kafka bootstrap servers (default: "
+                   "$TRAINGUARD_KAFKA_BOOTSTRAP, else the dev broker if running)")
+    p.add_argument("--prefix", default=default, help="topic prefix")
+    p.add_argument("--log", type=Path, default=default,
+                   help="an exported JSON-lines log instead of the topics")
+    p.add_argument("--from", dest="start", metavar="T", default=default, help=WHEN)
+    p.add_argument("--to", dest="end", metavar="T", default=default, help=WHEN)
+    p.add_argument("--job", default=default, help="only this job")
+
+
+def _window(args: argparse.Namespace, events: list[Event]) -> Window:
+    if not events:
+        return Window()
+    times = [e.event_time for e in events]
+    return Window.parse(args.start, args.end, first=min(times), last=max(times))
+
+
+def _load(args: argparse.Namespace) -> tuple[list[Event], Window]:
+    events = load_log(args)
+    if args.job:
+        events = [e for e in events if e.job_id == args.job]
+    return events, _window(args, events)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    try:
+        rules = load_rules(args.rules) if args.rules else load_default_rules()
+        events, window = _load(args)
+    except (LogFileError, LogSourceError, WindowError, RuleError, OSError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    result = replay_log(events, rules, window, settings_of(args))
+    if args.json:
+        sys.stdout.write(orjson.dumps(report_doc(result), option=orjson.OPT_INDENT_2).decode()
+                         + "\n")
+    else:
+        sys.stdout.write(render_report(result))
+    return 0 if result.what_if or result.exact else 1
+
+
+def _export(args: argparse.Namespace) -> int:
+    try:
+        events, window = _load(args)
+    except (LogFileError, LogSourceError, WindowError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    chosen = [e for e in events if window.contains(e.event_time)]
+    if args.out is None:
+        n = write_log(chosen, sys.stdout.buffer)
+    else:
+        with args.out.open("wb") as fh:
+            n = write_log(chosen, fh)
+    print(f"exported {n} events", file=sys.stderr)
+    return 0

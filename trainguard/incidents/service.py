@@ -1,0 +1,126 @@
+"""`trainguard incident serve`: the log's topics in, incident transitions out.
+
+Start: the incidents topic is read to learn which transitions are already published, the
+input topics are read from the beginning to their end and folded in event-time order to
+rebuild every incident (the state is the log; nothing else is kept), and the missing
+transitions are published. Then a consumer group
+follows the topics; each batch's transitions are published (acks=all) before its offsets are
+committed. A restart publishes nothing twice: transition ids are derived from the incident and
+its sequence number, and ids already on the topic are skipped (consumers dedupe by id anyway).
+When the log is quiet for ``idle_flush_s`` the reorder buffer is flushed so the tail of a
+finished job is decided too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.producer import EventProducer
+from trainguard.events.envelope import Event
+from trainguard.events.topics import TopicRole
+from trainguard.incidents.live import LiveIncidents
+from trainguard.incidents.query import canonical
+from trainguard.incidents.settings import IncidentSettings
+from trainguard.incidents.source import order, read_topics
+
+log = logging.getLogger(__name__)
+INPUT_ROLES = (TopicRole.TASK, TopicRole.VERDICTS, TopicRole.COMMANDS, TopicRole.OUTCOMES)
+
+
+@dataclass
+class ServiceStats:
+    consumed: int = 0
+    published: int = 0
+    already_published: int = 0
+    # an id already on the topic with other content: a record came later than the lateness
+    # bound before (the published one stays; `trainguard replay` lists the difference)
+    conflicts: int = 0
+    batches: int = 0
+
+
+class Sender(Protocol):
+    async def enqueue(self, event: Event) -> Any:
+        """Hand the event to the producer; the returned future resolves on the broker's ack."""
+        ...
+
+
+class Publisher:
+    """Publishes transitions once: ids seen on the incidents topic or sent here are skipped."""
+
+    def __init__(self, producer: Sender, known: dict[str, bytes],
+                 stats: ServiceStats) -> None:
+        self.producer = producer
+        self.known = known  # event id -> canonical bytes
+        self.stats = stats
+
+    async def publish(self, transitions: list[Event]) -> None:
+        futures = []
+        for t in transitions:
+            mine = canonical(t)
+            theirs = self.known.get(t.event_id)
+            if theirs is not None:
+                self.stats.already_published += 1
+                if theirs != mine:
+                    self.stats.conflicts += 1
+                    log.warning("incidents: transition %s differs from the one published "
+                                "(a record arrived later than the lateness bound); the "
+                                "published one stays", t.event_id)
+                continue
+            futures.append(await self.producer.enqueue(t))
+            self.known[t.event_id] = mine
+        for fut in futures:
+            await fut  # acknowledged (acks=all) before the caller commits its offsets
+        self.stats.published += len(futures)
+
+
+async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
+                group: str | None = None, idle_flush_s: float = 5.0,
+                stop: asyncio.Event | None = None, stats: ServiceStats | None = None
+                ) -> ServiceStats:
+    stats = stats or ServiceStats()
+    stop = stop or asyncio.Event()
+    live = LiveIncidents(settings)
+    known = {e.event_id: canonical(e)
+             for e in (await read_topics(cfg, [TopicRole.INCIDENTS])).events
+             if e.type == "incident.transition"}
+    producer = EventProducer(cfg)
+    await producer.start()
+    consumer = EventConsumer(cfg, INPUT_ROLES, group_id=group or f"{cfg.topic_prefix}-incidents",
+                             name="incidents", dlq=producer, from_offset="earliest")
+    try:
+        publisher = Publisher(producer, known, stats)
+        history = await read_topics(cfg, INPUT_ROLES)
+        out: list[Event] = []
+        # topic by topic is not an arrival order within any lateness: time order is
+        for ev in order(history.events):
+            out += live.feed(ev)
+        stats.consumed += len(history.events)
+        await publisher.publish(out)
+        log.info("incidents: rebuilt from %d events, %d transitions known",
+                 len(history.events), len(known))
+        await consumer.start()
+        loop = asyncio.get_running_loop()
+        last_input = loop.time()
+        while not stop.is_set():
+            batch = await consumer.poll(timeout_ms=500)
+            out = []
+            for ev in order(item.event for item in batch):  # a batch spans partitions
+                out += live.feed(ev)
+            if batch:
+                last_input = loop.time()
+            elif live.buffered and loop.time() - last_input >= idle_flush_s:
+                out += live.flush()
+            await publisher.publish(out)
+            if batch:
+                await consumer.commit()
+                stats.consumed += len(batch)
+                stats.batches += 1
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    return stats
