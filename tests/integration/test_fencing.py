@@ -1,0 +1,208 @@
+"""Fencing on real processes: the old replica is confirmed dead and its unit released before a
+new one is bound; two live replicas of a rank never exist; a stale replica is killed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from trainguard.actuators import zygote
+from trainguard.actuators.executor import Executor
+from trainguard.actuators.fencing import stop_process
+from trainguard.actuators.jobspec import JobSpec, UnitSpec
+from trainguard.actuators.local import LocalBackend
+from trainguard.collectors.process import parse_stat_exit_code
+from trainguard.events.codec import make_event
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.payloads import (
+    Command,
+    CommandAction,
+    OutcomeStatus,
+    PoolUnit,
+    ReplicaRefused,
+    StepReport,
+    UnitState,
+)
+
+WORKER = """
+import os, signal, sys, time
+if os.environ.get("IGNORE_TERM"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+rank, epoch, out = sys.argv[1], sys.argv[2], sys.argv[3]
+while True:
+    with open(out, "a") as fh:
+        fh.write(f"{rank} {epoch} {os.getpid()}\\n")
+    time.sleep(0.05)
+"""
+
+
+def job_spec(tmp_path: Path, world: int = 2, grace_s: float = 1.0,
+             ignore_term: bool = True, warm: bool = False) -> JobSpec:
+    """``warm``: ranks forked by the warm launcher (module ``tg_fence_worker`` on the
+    launcher's path) instead of a fresh interpreter each."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    (tmp_path / "tg_fence_worker.py").write_text(WORKER)
+    head = ("python", "-m", "tg_fence_worker") if warm else ("python", str(script))
+    (tmp_path / "ckpt").mkdir(exist_ok=True)
+    units = [UnitSpec(f"u{r}", (0,), r, {"rack": "r1"}) for r in range(world)]
+    units += [UnitSpec("spare-far", (1,), None, {"rack": "r9"}),
+              UnitSpec("spare-near", (1,), None, {"rack": "r1"})]
+    return JobSpec(job_id=f"fence-{tmp_path.name[-12:]}".replace("_", "-"), world_size=world,
+                   command=(*head, "{rank}", "{epoch}", str(tmp_path / "progress.txt")),
+                   preload=("json",) if warm else (),
+                   units=tuple(units), ckpt_dir=tmp_path / "ckpt", node="test-node",
+                   grace_s=grace_s, env={"IGNORE_TERM": "1"} if ignore_term else {},
+                   log_dir=tmp_path / "logs")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Census(threading.Thread):
+    """Counts the live replicas of each rank every few ms: every pid that ever wrote a progress
+    line for the rank, checked against the process table."""
+
+    def __init__(self, progress: Path) -> None:
+        super().__init__(daemon=True)
+        self.progress = progress
+        self.most: dict[str, int] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        pids: dict[str, set[int]] = {}
+        while not self.stop.is_set():
+            if self.progress.exists():
+                for line in self.progress.read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) == 3:
+                        pids.setdefault(parts[0], set()).add(int(parts[2]))
+            for rank, known in pids.items():
+                n = sum(alive(pid) for pid in known)
+                self.most[rank] = max(self.most.get(rank, 0), n)
+            time.sleep(0.005)
+
+
+def migrate(rank: int) -> Command:
+    return Command(command_id="cmd-1", idempotency_key="key-1", action=CommandAction.MIGRATE,
+                   tier=2, issued_at=1, issued_by="test", params={"rank": rank, "resume": True})
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm-launcher"])
+def test_migrate_fences_a_replica_that_ignores_sigterm_before_binding(
+        tmp_path: Path, warm: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # where the warm launcher finds the worker
+    spec = job_spec(tmp_path, grace_s=1.0, warm=warm)
+    events: list[Event] = []
+    backend = LocalBackend(tmp_path / "logs", use_cgroups=False)
+    ex = Executor(spec, backend, events.append)
+    ex.register_units()
+    census = Census(tmp_path / "progress.txt")
+    census.start()
+    try:
+        ex.launch_initial()
+        old = ex.replicas()
+        time.sleep(0.5)
+        result = ex.execute(migrate(1))
+        assert result.status is OutcomeStatus.DONE, result.detail
+        new = ex.replicas()
+        time.sleep(0.3)
+    finally:
+        census.stop.set()
+        census.join()
+        for rep in ex.replicas().values():
+            stop_process(rep.pid, rep.create_time, 0.1)
+        zygote.stop(tmp_path / "logs" / f"zygote-{spec.job_id}.sock")
+    assert census.most == {"0": 1, "1": 1}  # never two live replicas of one rank
+    for rank, rep in old.items():  # old replicas are gone for good
+        assert not alive(rep.pid), rank
+    pids = {int(line.split()[2]) for line in (tmp_path / "progress.txt").read_text()
+            .splitlines()}
+    assert len(pids) == 4  # two ranks, two epochs, one process each
+    assert new[1].unit == "spare-near" and new[0].unit == "u0"  # same rack preferred
+    assert {r.epoch for r in new.values()} == {2}
+    assert result.data["to_unit"] == "spare-near" and result.data["epoch"] == 2
+    units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
+    fenced = [u for u in units if u.state is UnitState.FENCED]
+    assert {u.rank for u in fenced} == {0, 1}
+    for u in fenced:  # SIGTERM ignored: killed after the grace, confirmed, released
+        assert any("sigkill, confirmed dead" in r for r in u.released), u.released
+    assert "quarantined" in next(u.reason for u in fenced if u.rank == 1)
+    # every fence comes before any bind of the new epoch
+    order = [(u.state, u.epoch) for u in units if u.state in (UnitState.FENCED,
+                                                              UnitState.BOUND)]
+    first_bind = order.index((UnitState.BOUND, 2))
+    assert all(s is UnitState.BOUND for s, _ in order[first_bind:])
+    lines = (tmp_path / "progress.txt").read_text().split()
+    assert lines[-3:][1] == "2"  # the newest lines come from epoch 2
+
+
+def test_a_stale_replica_that_reappears_is_refused_and_killed(tmp_path: Path) -> None:
+    spec = job_spec(tmp_path, world=1, ignore_term=False)
+    events: list[Event] = []
+    ex = Executor(spec, LocalBackend(tmp_path / "logs", use_cgroups=False), events.append)
+    ex.register_units()
+    ex.launch_initial()
+    ex.execute(Command(command_id="c", idempotency_key="k", action=CommandAction.RESUME,
+                       tier=3, issued_at=1, issued_by="test", params={"rank": 0}))
+    assert ex.pool.epoch(spec.job_id, 0) == 2
+    # a replica of epoch 1 that escaped (started by hand, e.g. a partitioned node coming back)
+    ghost = subprocess.Popen([sys.executable, str(tmp_path / "worker.py"), "0", "1",
+                              str(tmp_path / "ghost.txt")],
+                             env={**os.environ, "TRAINGUARD_JOB_ID": spec.job_id,
+                                  "TRAINGUARD_RANK": "0", "TRAINGUARD_BINDING_EPOCH": "1"})
+    try:
+        time.sleep(0.3)
+        report = make_event(StepReport(rank=0, world_size=1, binding_epoch=1, step=9,
+                                       samples_consumed=9, compute_ms=1.0, pid=ghost.pid),
+                            event_id="stale-report-1", job_id=spec.job_id, event_time=1,
+                            source="test", subject=Subject(rank=0))
+        assert ex.check_report(report) is True
+        assert ghost.wait(5) is not None
+        current = make_event(StepReport(rank=0, world_size=1, binding_epoch=2, step=9,
+                                        samples_consumed=9, compute_ms=1.0,
+                                        pid=ex.replicas()[0].pid),
+                             event_id="good-report-1", job_id=spec.job_id, event_time=2,
+                             source="test", subject=Subject(rank=0))
+        assert ex.check_report(current) is False
+        assert psutil.pid_exists(ex.replicas()[0].pid)
+    finally:
+        if ghost.poll() is None:
+            ghost.kill()
+        for rep in ex.replicas().values():
+            stop_process(rep.pid, rep.create_time, 0.1)
+    refused = [e.payload for e in events if isinstance(e.payload, ReplicaRefused)]
+    assert len(refused) == 1
+    assert (refused[0].stale_epoch, refused[0].current_epoch, refused[0].action,
+            refused[0].pid) == (1, 2, "killed", ghost.pid)
+
+
+def test_a_warm_launched_rank_that_dies_leaves_its_exit_status_readable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node agent is not the parent of a forked rank: it reads how the rank ended from the
+    zombie's /proc/<pid>/stat, so the warm launcher must not reap it at once."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    spec = job_spec(tmp_path, world=1, ignore_term=False, warm=True)
+    backend = LocalBackend(tmp_path / "logs", use_cgroups=False)
+    rep = backend.launch(spec, spec.unit("u0"), 0, 1, 0)
+    try:
+        time.sleep(0.3)
+        os.kill(rep.pid, 9)
+        time.sleep(1.0)
+        stat = Path(f"/proc/{rep.pid}/stat").read_text()
+        status = parse_stat_exit_code(stat)
+        assert status is not None and os.WIFSIGNALED(status) and os.WTERMSIG(status) == 9
+        assert stop_process(rep.pid, rep.create_time, 0.1).how == "already_gone"
+    finally:
+        zygote.stop(tmp_path / "logs" / f"zygote-{spec.job_id}.sock")

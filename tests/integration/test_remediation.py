@@ -1,0 +1,319 @@
+"""The loop on real processes and the real broker: verdict -> `trainguard decide` (signed
+command) -> `trainguard actuator` (fence, bind, resume) -> the job continues from its last
+valid checkpoint.
+
+The ranks here are a light pure-Python job that checkpoints like the reference workload
+(atomic write, checksum, resume from the newest valid one at start) so that each test stays
+well under 90 s on a shared 2-core machine; bench/bench_recovery.py runs the same loop on the
+PyTorch DDP workload with the real agent and streams.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from tests.integration.conftest import arun
+from trainguard.actuators import cgroups
+from trainguard.actuators.fencing import stop_process
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.producer import EventProducer
+from trainguard.events.clock import now_us
+from trainguard.events.codec import make_event
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.ids import derived_id
+from trainguard.events.payloads import (
+    Command,
+    CommandAction,
+    CommandOutcome,
+    OutcomeStatus,
+    PoolUnit,
+    Severity,
+    UnitState,
+    Verdict,
+    VerdictState,
+)
+from trainguard.events.topics import TopicRole
+
+KEY = "remediation-test-key-0123456789"
+WORLD = 4
+BATCH = 8
+CKPT_EVERY = 5
+
+JOB = r'''
+import hashlib, json, os, sys, time
+rank, world, ckpt, progress = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+epoch = int(os.environ["TRAINGUARD_BINDING_EPOCH"])
+BATCH, EVERY = 8, 5
+
+def valid(path):
+    try:
+        doc = json.load(open(path))
+        body = json.dumps(doc["state"], sort_keys=True).encode()
+        return doc["state"] if hashlib.sha256(body).hexdigest() == doc["sha256"] else None
+    except (OSError, ValueError, KeyError):
+        return None
+
+step, pos, resumed = 0, 0, None
+for name in sorted(os.listdir(ckpt), reverse=True):
+    if name.startswith("step-") and name.endswith(".json"):
+        state = valid(os.path.join(ckpt, name))
+        if state is not None:
+            step, pos, resumed = state["step"], state["samples_consumed"], state["step"]
+            break
+out = open(progress, "a")
+def log(**kw):
+    out.write(json.dumps({"rank": rank, "epoch": epoch, "pid": os.getpid(), **kw,
+                          "time": time.time()}) + "\n")
+    out.flush()
+log(kind="start", resumed_from=resumed, samples_consumed=pos)
+while True:
+    t0 = time.time()
+    sum(i * i for i in range(20000))
+    step += 1
+    pos += BATCH * world
+    log(kind="step", step=step, samples_consumed=pos)
+    if rank == 0 and step % EVERY == 0:
+        state = {"step": step, "samples_consumed": pos}
+        body = json.dumps(state, sort_keys=True).encode()
+        tmp = os.path.join(ckpt, f".tmp-{step}")
+        with open(tmp, "w") as fh:
+            json.dump({"state": state, "sha256": hashlib.sha256(body).hexdigest()}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.rename(tmp, os.path.join(ckpt, f"step-{step:09d}.json"))
+        log(kind="checkpoint", step=step, samples_consumed=pos)
+    time.sleep(max(0.0, 0.1 - (time.time() - t0)))
+'''
+
+
+class Loop:
+    """decide + actuator as real processes on one job of WORLD ranks and one spare."""
+
+    def __init__(self, kafka: KafkaConfig, tmp: Path, *, window_s: float = 5.0,
+                 use_cgroups: bool = False) -> None:
+        self.kafka, self.tmp = kafka, tmp
+        self.job = f"job-{uuid.uuid4().hex[:8]}"
+        (tmp / "ckpt").mkdir()
+        (tmp / "job.py").write_text(JOB)
+        spec = {"job_id": self.job, "world_size": WORLD, "node": "test-node",
+                "ckpt_dir": str(tmp / "ckpt"), "grace_s": 2, "log_dir": str(tmp / "logs"),
+                "command": ["python", str(tmp / "job.py"), "{rank}", "{world_size}",
+                            "{ckpt_dir}", str(tmp / "progress.jsonl")],
+                "units": [{"name": f"u{r}", "cpus": [r % 2], "rank": r,
+                           "labels": {"rack": "r1"}} for r in range(WORLD)]
+                + [{"name": "spare", "cpus": [1], "labels": {"rack": "r1",
+                                                            "reserved_for": self.job}}]}
+        (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
+        env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY}
+        base = [sys.executable, "-m", "trainguard.cli.main"]
+        kafka_args = ["--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix]
+        self.procs = [
+            subprocess.Popen([*base, "decide", *kafka_args, "--window-s", str(window_s),
+                                     "--tier-windows", "2", "--settle-s", "1",
+                                     "--quota-pct", "200"], env=env),
+            subprocess.Popen([*base, "actuator", *kafka_args, "--job-spec",
+                                     str(tmp / "job.yaml"), "--launch", "--state-dir",
+                                     str(tmp / "state")]
+                             + ([] if use_cgroups else ["--no-cgroups"]), env=env),
+        ]
+
+    def progress(self) -> list[dict[str, Any]]:
+        path = self.tmp / "progress.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def wait_for(self, what: str, cond: Callable[[], bool], limit_s: float) -> None:
+        deadline = time.monotonic() + limit_s
+        while not cond():
+            for name, p in zip(("decide", "actuator"), self.procs, strict=True):
+                assert p.poll() is None, f"{name} exited while waiting for {what}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    def pids(self, epoch: int) -> dict[int, int]:
+        return {p["rank"]: p["pid"] for p in self.progress()
+                if p["kind"] == "start" and p["epoch"] == epoch}
+
+    def publish_verdict(self, kind: str, rank: int, evidence: dict[str, Any]) -> str:
+        t = now_us()
+        vid = derived_id(kind, self.job, rank, t)
+        ev = make_event(Verdict(verdict_id=vid, rule=kind.replace("_", "-"), kind=kind,
+                                state=VerdictState.OPEN, severity=Severity.CRITICAL,
+                                first_anomalous_time=t, decided_time=t, evidence=evidence),
+                        event_id=derived_id("verdict", vid, "open"), job_id=self.job,
+                        event_time=t, source="test-streams",
+                        subject=Subject(rank=rank, node="test-node"))
+
+        async def send() -> None:
+            async with EventProducer(self.kafka) as prod:
+                await prod.send(ev)
+        arun(send())
+        return vid
+
+    def log(self) -> list[Event]:
+        async def read() -> list[Event]:
+            c = EventConsumer(self.kafka, [TopicRole.COMMANDS, TopicRole.OUTCOMES],
+                              group_id=None, name="test", dlq=None)
+            await c.start()
+            try:
+                return [d.event for d in await c.drain(idle_ms=500, limit_s=20)]
+            finally:
+                await c.stop()
+        return sorted(arun(read()), key=lambda e: e.event_time)
+
+    def stop_services(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            p.wait(20)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if len(cmd) > 1 and cmd[1] == str(self.tmp / "job.py"):
+                stop_process(proc.pid, None, 0.5)
+        try:
+            root, version = cgroups.cpu_controller()
+        except cgroups.CgroupError:
+            return
+        for path in (root / "trainguard").glob(f"{self.job}-*"):
+            cgroups.CpuCgroup(path, version).remove()
+
+
+@pytest.fixture
+def loop_factory(kafka: KafkaConfig, tmp_path: Path) -> Iterator[Callable[..., Loop]]:
+    made: list[Loop] = []
+
+    def make(**kw: Any) -> Loop:
+        made.append(Loop(kafka, tmp_path, **kw))
+        return made[-1]
+    yield make
+    for loop in made:
+        loop.close()
+
+
+def outcomes(events: list[Event]) -> list[tuple[str, str]]:
+    return [(e.payload.action.value, e.payload.status.value) for e in events
+            if isinstance(e.payload, CommandOutcome)]
+
+
+def test_a_killed_rank_is_fenced_migrated_and_resumed_from_its_checkpoint(
+        loop_factory: Callable[..., Loop]) -> None:
+    loop = loop_factory()
+    loop.wait_for("the job to checkpoint twice", lambda: sum(
+        p["kind"] == "checkpoint" for p in loop.progress()) >= 2, 60)
+    old = loop.pids(1)
+    assert sorted(old) == list(range(WORLD))
+    os.kill(old[3], signal.SIGKILL)  # the fault
+    killed_at = time.time()
+    # detection, as the process_exit rule reports it
+    loop.publish_verdict("process_exit", 3, {"pid": old[3], "exit_code": None, "signal": 9,
+                                             "detected_by": "pidfd"})
+    loop.wait_for("all ranks resumed at epoch 2", lambda: len({
+        p["rank"] for p in loop.progress() if p["epoch"] == 2 and p["kind"] == "step"})
+        == WORLD, 45)
+    progress = loop.progress()
+    before = [p for p in progress if p["epoch"] == 1]
+    saved = max(p["step"] for p in before if p["kind"] == "checkpoint")
+    saved_pos = next(p["samples_consumed"] for p in before
+                     if p["kind"] == "checkpoint" and p["step"] == saved)
+    for rank in range(WORLD):
+        mine = [p for p in progress if p["rank"] == rank and p["epoch"] == 2]
+        start = next(p for p in mine if p["kind"] == "start")
+        first = next(p for p in mine if p["kind"] == "step")
+        assert start["resumed_from"] == saved, rank  # the last valid checkpoint ...
+        assert start["samples_consumed"] == saved_pos
+        assert first["step"] == saved + 1  # ... and exactly the next step and data position
+        assert first["samples_consumed"] == saved_pos + BATCH * WORLD
+        assert start["time"] > killed_at
+    for pid in old.values():  # every old replica is gone
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    events = loop.log()
+    cmds = [e.payload for e in events if isinstance(e.payload, Command)]
+    assert [(c.action, c.tier, c.params["rank"]) for c in cmds] == [
+        (CommandAction.MIGRATE, 2, 3)]
+    assert cmds[0].signature and cmds[0].signature.startswith("hmac-sha256:")
+    assert outcomes(events) == [("migrate", "accepted"), ("migrate", "done")]
+    units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
+    fenced = [u for u in units if u.state is UnitState.FENCED]
+    assert sorted(u.rank for u in fenced if u.rank is not None) == list(range(WORLD))
+    rank3 = next(u for u in fenced if u.rank == 3)
+    assert rank3.unit == "u3" and rank3.released and "already gone" in rank3.released[0]
+    bound2 = {u.rank: u.unit for u in units if u.state is UnitState.BOUND and u.epoch == 2}
+    assert bound2 == {0: "u0", 1: "u1", 2: "u2", 3: "spare"}
+    # the end of the job: `actuator --teardown` fences what is bound, on the record
+    new = loop.pids(2)
+    loop.stop_services()
+    subprocess.run([sys.executable, "-m", "trainguard.cli.main", "actuator", "--bootstrap",
+                    loop.kafka.bootstrap, "--prefix", loop.kafka.topic_prefix, "--job-spec",
+                    str(loop.tmp / "job.yaml"), "--state-dir", str(loop.tmp / "state"),
+                    "--no-cgroups", "--teardown"], check=True, timeout=60,
+                   env={**os.environ, "TRAINGUARD_COMMAND_KEY": KEY})
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+                   for pid in new.values())
+    last = [e.payload for e in loop.log() if isinstance(e.payload, PoolUnit)]
+    torn = {u.unit for u in last if u.state is UnitState.FENCED and u.reason == "teardown"}
+    assert torn == {"u0", "u1", "u2", "spare"}
+
+
+def test_a_throttled_rank_climbs_from_quota_to_migration(
+        loop_factory: Callable[..., Loop]) -> None:
+    loop = loop_factory(window_s=1.5, use_cgroups=True)
+    loop.wait_for("the job to run", lambda: len(loop.pids(1)) == WORLD
+                  and len(loop.progress()) > 20, 60)
+    victim = loop.pids(1)[2]
+    throttle = cgroups.create(f"test-throttle-{uuid.uuid4().hex[:6]}")
+    try:
+        throttle.add(victim)  # injected outside the unit's own cgroup: tier 1 cannot fix it
+        throttle.set_quota_pct(5)
+        loop.publish_verdict("straggler", 2, {"ratio": 3.2})
+        loop.wait_for("tier 2", lambda: ("migrate", "done") in outcomes(loop.log()), 60)
+    finally:
+        throttle.remove()
+    events = loop.log()
+    cmds = [e.payload for e in events if isinstance(e.payload, Command)]
+    assert [(c.action, c.tier) for c in cmds] == [(CommandAction.RAISE_QUOTA, 1),
+                                                  (CommandAction.MIGRATE, 2)]
+    assert cmds[0].params["quota_pct"] == 200
+    assert outcomes(events) == [("raise_quota", "accepted"), ("raise_quota", "done"),
+                                ("migrate", "accepted"), ("migrate", "done")]
+    quota = next(e.payload for e in events if isinstance(e.payload, CommandOutcome)
+                 and e.payload.action is CommandAction.RAISE_QUOTA
+                 and e.payload.status is OutcomeStatus.DONE)
+    assert "cpu quota 200%" in quota.detail
+    done_quota = quota.finished_at or 0
+    migrate = next(c for c in cmds if c.action is CommandAction.MIGRATE)
+    assert migrate.issued_at - done_quota >= 2 * 1.5 * 1e6  # M windows after tier 1
+    assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == "zombie"
+    units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
+    assert any(u.state is UnitState.BOUND and u.rank == 2 and u.unit == "spare" for u in units)

@@ -1,0 +1,185 @@
+"""A job spec for the local backend: the ranks' command line, the units (CPU sets) of the pool,
+which unit each rank starts on, and where the job's checkpoints live.
+
+```yaml
+job_id: demo-job
+world_size: 4
+node: demo-node                # this machine's name in events (default: hostname)
+ckpt_dir: /var/lib/trainguard/ckpt/demo-job
+grace_s: 5                     # SIGTERM -> SIGKILL grace when fencing
+command: [python, -m, trainguard.workload.ddp, --job-id, "{job_id}", --rank, "{rank}",
+          --world-size, "{world_size}", --master-addr, 127.0.0.1, --master-port, "{port}",
+          --ckpt-dir, "{ckpt_dir}", --steps, "400"]
+env: {TRAINGUARD_AGENT_SOCKET: /run/trainguard/agent.sock}
+units:
+  - {name: u0, cpus: [0], rank: 0, labels: {rack: r1}}
+  - {name: u4, cpus: [1], labels: {rack: r1, reserved_for: demo-job}}   # a spare
+```
+
+Placeholders in ``command``: ``{job_id} {rank} {world_size} {port} {ckpt_dir} {epoch}
+{unit}``; ``{port}`` is a fresh free local port per launch of the process group.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class JobSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    name: str
+    cpus: tuple[int, ...]
+    rank: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    job_id: str
+    world_size: int
+    command: tuple[str, ...]
+    units: tuple[UnitSpec, ...]
+    ckpt_dir: Path
+    node: str = field(default_factory=socket.gethostname)
+    grace_s: float = 5.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+    preload: tuple[str, ...] = ()  # modules a warm launcher imports once (command: python -m)
+
+    def unit(self, name: str) -> UnitSpec:
+        for u in self.units:
+            if u.name == name:
+                return u
+        raise JobSpecError(f"units: no unit named {name!r}")
+
+    def argv(self, rank: int, epoch: int, port: int, unit: str) -> list[str]:
+        values = {"job_id": self.job_id, "rank": rank, "world_size": self.world_size,
+                  "port": port, "ckpt_dir": str(self.ckpt_dir), "epoch": epoch, "unit": unit}
+        try:
+            return [part.format(**values) for part in self.command]
+        except (KeyError, IndexError, ValueError) as exc:
+            raise JobSpecError(f"command: bad placeholder ({exc})") from None
+
+
+def load_job_spec(path: Path) -> JobSpec:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise JobSpecError(f"{path}: {exc}") from None
+    return parse_job_spec(doc, str(path))
+
+
+def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
+    if not isinstance(doc, dict):
+        raise JobSpecError(f"{where}: must be a mapping")
+    known = {"job_id", "world_size", "command", "units", "ckpt_dir", "node", "grace_s", "env",
+             "log_dir", "preload"}
+    extra = sorted(set(doc) - known)
+    if extra:
+        raise JobSpecError(f"{where}: field {extra[0]!r}: unknown (known: {sorted(known)})")
+
+    def need(name: str, typ: type) -> Any:
+        value = doc.get(name)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise JobSpecError(f"{where}: field {name!r}: required, a {typ.__name__} "
+                               f"(got {value!r})")
+        return value
+
+    job_id = need("job_id", str)
+    world = need("world_size", int)
+    if world < 1:
+        raise JobSpecError(f"{where}: field 'world_size': must be >= 1 (got {world})")
+    command = need("command", list)
+    if not command or not all(isinstance(c, str) for c in command):
+        raise JobSpecError(f"{where}: field 'command': a non-empty list of strings")
+    units = tuple(_unit(u, i, where) for i, u in enumerate(need("units", list)))
+    names = [u.name for u in units]
+    if len(set(names)) != len(names):
+        raise JobSpecError(f"{where}: field 'units': unit names must be unique ({names})")
+    ranks = sorted(u.rank for u in units if u.rank is not None)
+    if ranks != list(range(world)):
+        raise JobSpecError(f"{where}: field 'units': ranks 0..{world - 1} must each start on "
+                           f"exactly one unit (got {ranks})")
+    env = doc.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise JobSpecError(f"{where}: field 'env': a mapping of strings (got {env!r})")
+    grace = doc.get("grace_s", 5.0)
+    if not isinstance(grace, int | float) or grace < 0:
+        raise JobSpecError(f"{where}: field 'grace_s': a number >= 0 (got {grace!r})")
+    preload = doc.get("preload") or []
+    if not isinstance(preload, list) or not all(isinstance(m, str) for m in preload):
+        raise JobSpecError(f"{where}: field 'preload': a list of module names (got {preload!r})")
+    if preload and (len(command) < 3 or command[0] != "python" or command[1] != "-m"):
+        raise JobSpecError(f"{where}: field 'preload': needs a command of the form "
+                           f"[python, -m, MODULE, ...] (got {command[:3]})")
+    return JobSpec(job_id=job_id, world_size=world, command=tuple(command), units=units,
+                   preload=tuple(preload),
+                   ckpt_dir=Path(need("ckpt_dir", str)),
+                   node=str(doc.get("node") or socket.gethostname()), grace_s=float(grace),
+                   env=dict(env), log_dir=Path(doc["log_dir"]) if doc.get("log_dir") else None)
+
+
+def _unit(doc: Any, i: int, where: str) -> UnitSpec:
+    here = f"{where}: units[{i}]"
+    if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
+        raise JobSpecError(f"{here}: field 'name': required string")
+    cpus = doc.get("cpus", [])
+    if not isinstance(cpus, list) or not all(isinstance(c, int) and c >= 0 for c in cpus):
+        raise JobSpecError(f"{here}: field 'cpus': a list of CPU numbers (got {cpus!r})")
+    rank = doc.get("rank")
+    if rank is not None and (not isinstance(rank, int) or rank < 0):
+        raise JobSpecError(f"{here}: field 'rank': an integer >= 0 (got {rank!r})")
+    labels = doc.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise JobSpecError(f"{here}: field 'labels': a mapping (got {labels!r})")
+    return UnitSpec(doc["name"], tuple(cpus), rank, {str(k): str(v) for k, v in labels.items()})
+
+
+# torch._dynamo: DistributedDataParallel imports the compiler stack (dynamo, inductor, sympy;
+# ~900 modules) lazily on construction: ~4 s of CPU per rank per start unless preloaded.
+DDP_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+               "trainguard.workload.model", "trainguard.workload.data",
+               "trainguard.sdk.checkpoint.manager")
+
+
+def ddp_job_doc(job_id: str, *, world_size: int, spares: int, ckpt_dir: Path, node: str,
+                agent_socket: Path | None, progress_dir: Path | None = None,
+                steps: int = 100_000, ckpt_every: int = 10, step_ms: float = 100.0,
+                grace_s: float = 3.0, cpus: int = 2, warm: bool = True,
+                allow_tmp_ckpt: bool = False, log_dir: Path | None = None) -> dict[str, Any]:
+    """A job spec document for the reference DDP workload (gloo on CPU): ``world_size`` ranks
+    on units ``u0..``, ``spares`` spare units reserved for the job, all on this node, CPUs
+    assigned round-robin. For demos, benches and tests; write it with ``yaml.safe_dump``."""
+    command = ["python", "-m", "trainguard.workload.ddp", "--job-id", "{job_id}", "--rank",
+               "{rank}", "--world-size", "{world_size}", "--master-addr", "127.0.0.1",
+               "--master-port", "{port}", "--ckpt-dir", "{ckpt_dir}", "--steps", str(steps),
+               "--ckpt-every", str(ckpt_every), "--seed", "7", "--step-ms", str(step_ms),
+               "--timeout-s", "20", "--cpu"]
+    if allow_tmp_ckpt:
+        command.append("--allow-tmp-ckpt")
+    if progress_dir is not None:
+        command += ["--progress-file", str(progress_dir / "progress-{rank}.jsonl")]
+    units: list[dict[str, Any]] = [
+        {"name": f"u{r}", "cpus": [r % cpus], "rank": r, "labels": {"rack": "r1"}}
+        for r in range(world_size)]
+    units += [{"name": f"spare{i}" if spares > 1 else "spare",
+               "cpus": [(world_size + i) % cpus],
+               "labels": {"rack": "r1", "reserved_for": job_id}} for i in range(spares)]
+    doc: dict[str, Any] = {"job_id": job_id, "world_size": world_size, "node": node,
+                           "ckpt_dir": str(ckpt_dir), "grace_s": grace_s, "command": command,
+                           "units": units, "preload": list(DDP_PRELOAD) if warm else []}
+    if agent_socket is not None:
+        doc["env"] = {"TRAINGUARD_AGENT_SOCKET": str(agent_socket)}
+    if log_dir is not None:
+        doc["log_dir"] = str(log_dir)
+    return doc

@@ -1,0 +1,350 @@
+"""The remediation policy: pure functions from what happened to the commands to issue.
+
+``step(state, event, now_us)`` folds one event (verdict, command, command.outcome, pool.unit,
+checkpoint) into the state; ``tick(state, now_us)`` makes the time-driven decisions. Both
+return a new state and a list of ``Decision`` (unsigned commands); they never touch the clock,
+the bus or a process. The decision service (``decider.py``) does the I/O around them.
+
+The ladder, lightest first:
+- a straggler verdict -> tier 1 ``raise_quota`` for the rank's unit; still open ``tier_windows``
+  windows after that is done -> tier 2 ``migrate`` to a spare; still open after as long again
+  -> tier 3 ``resume`` (the job's process group restarted in place from the last valid
+  checkpoint); still open -> ``escalate`` (tiers exhausted).
+- a failure verdict (process exit, rank silent, must-drain XID, link down) -> ``migrate`` with
+  ``resume`` at once. A job's failure verdicts are collected for ``settle_s`` first: when a rank
+  dies its synchronous peers exit too, and only the earliest is the cause (the rest are covered
+  by the one restart). Verdicts about a pid that is no longer the rank's bound replica (fenced
+  by a restart) are ignored.
+- no spare -> ``escalate`` saying so: the job is never silently shrunk.
+- a command that fails, times out, is refused or gets no outcome -> ``escalate``.
+- restart-storm guard: ``storm_restarts`` restarts within ``storm_window_s`` without the job's
+  checkpoint step moving -> ``escalate`` and stop acting on the job.
+
+Every command's idempotency key is derived from its cause (job, verdict, action, tier), so the
+same history gives the same keys: a restarted decision service re-derives them and skips what
+it already issued, and the actuator refuses a key it has used.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from trainguard.actuators.pool import PoolState, reduce
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.ids import derived_id
+from trainguard.events.payloads import (
+    CheckpointAction,
+    CheckpointEvent,
+    Command,
+    CommandAction,
+    CommandOutcome,
+    FlatMap,
+    OutcomeStatus,
+    PoolUnit,
+    Verdict,
+    VerdictState,
+)
+
+LADDER_KINDS = frozenset({"straggler"})
+FAILURE_KINDS = frozenset({"process_exit", "rank_silent", "xid_drain", "link_down"})
+RESTARTS = frozenset({CommandAction.MIGRATE, CommandAction.RESUME})
+FINAL = frozenset({OutcomeStatus.DONE, OutcomeStatus.FAILED, OutcomeStatus.TIMED_OUT,
+                   OutcomeStatus.REFUSED})
+ESCALATION_TIER = 0  # a human
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    window_s: float = 5.0
+    tier_windows: int = 2  # M: windows a tier gets before the next one
+    settle_s: float = 1.0
+    quota_pct: float | None = None  # tier-1 target quota (None: no limit)
+    storm_restarts: int = 3  # N
+    storm_window_s: float = 600.0  # T
+    outcome_timeout_s: float = 180.0
+    issued_by: str = "trainguard-decide"
+
+    def __post_init__(self) -> None:
+        for name in ("window_s", "settle_s", "storm_window_s", "outcome_timeout_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+        if self.tier_windows < 1:
+            raise ValueError(f"tier_windows: must be >= 1 (got {self.tier_windows})")
+        if self.storm_restarts < 1:
+            raise ValueError(f"storm_restarts: must be >= 1 (got {self.storm_restarts})")
+
+
+@dataclass(frozen=True)
+class Decision:
+    job_id: str
+    subject: Subject
+    command: Command  # unsigned
+
+
+@dataclass
+class OpenVerdict:
+    verdict_id: str
+    job: str
+    kind: str
+    rank: int | None
+    node: str | None
+    gpu: int | None
+    first_time: int
+    pid: int | None
+
+
+@dataclass
+class Ladder:
+    job: str
+    rank: int
+    verdict_id: str
+    tier: int
+    key: str  # the current tier's command
+    done_at: int | None = None  # when the current tier's command was done
+
+
+@dataclass
+class Pending:
+    key: str
+    job: str
+    action: CommandAction
+    tier: int
+    issued_at: int
+    rank: int | None
+
+
+@dataclass
+class PolicyState:
+    pool: PoolState = field(default_factory=PoolState)
+    open: dict[str, OpenVerdict] = field(default_factory=dict)
+    ladders: dict[str, Ladder] = field(default_factory=dict)  # "job/rank"
+    held: dict[str, list[OpenVerdict]] = field(default_factory=dict)  # job -> failures
+    held_since: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, Pending] = field(default_factory=dict)  # idempotency key
+    issued: set[str] = field(default_factory=set)
+    restarts: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # (time, ckpt)
+    ckpt_step: dict[str, int] = field(default_factory=dict)
+    stopped: dict[str, str] = field(default_factory=dict)  # job -> why
+
+
+def step(state: PolicyState, event: Event, now_us: int,
+         cfg: PolicyConfig) -> tuple[PolicyState, list[Decision]]:
+    s = _copy(state)
+    out: list[Decision] = []
+    p = event.payload
+    if isinstance(p, Verdict):
+        _on_verdict(s, event, p, now_us, cfg, out)
+    elif isinstance(p, Command):
+        s.issued.add(p.idempotency_key)
+    elif isinstance(p, CommandOutcome):
+        _on_outcome(s, event.job_id, p, now_us, cfg, out)
+    elif isinstance(p, PoolUnit):
+        s.pool = reduce(s.pool, event)
+    elif isinstance(p, CheckpointEvent) and p.action in (CheckpointAction.WRITTEN,
+                                                         CheckpointAction.LOADED):
+        s.ckpt_step[event.job_id] = max(s.ckpt_step.get(event.job_id, -1), p.step)
+    return s, out
+
+
+def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyState, list[Decision]]:
+    s = _copy(state)
+    out: list[Decision] = []
+    settle = int(cfg.settle_s * 1e6)
+    for job in sorted(s.held):
+        if now_us - s.held_since[job] >= settle:
+            _decide_failure(s, job, s.held.pop(job), now_us, cfg, out)
+            del s.held_since[job]
+    wait = int(cfg.window_s * cfg.tier_windows * 1e6)
+    for name in sorted(s.ladders):
+        lad = s.ladders[name]
+        if lad.done_at is None or now_us - lad.done_at < wait or lad.verdict_id not in s.open:
+            continue
+        _next_tier(s, lad, now_us, cfg, out)
+    timeout = int(cfg.outcome_timeout_s * 1e6)
+    for key in sorted(s.pending):
+        pend = s.pending[key]
+        if pend.action is not CommandAction.ESCALATE and now_us - pend.issued_at > timeout:
+            del s.pending[key]
+            _escalate(s, pend.job, f"no final outcome for {pend.action.value} (tier "
+                      f"{pend.tier}) within {cfg.outcome_timeout_s:.0f} s", key, pend.rank,
+                      now_us, cfg, out)
+    return s, out
+
+
+def _copy(state: PolicyState) -> PolicyState:
+    """A private copy to change; the pool is immutable and shared."""
+    return copy.deepcopy(state, memo={id(state.pool): state.pool})
+
+
+# --- verdicts ------------------------------------------------------------------------------
+
+
+def _on_verdict(s: PolicyState, event: Event, v: Verdict, now_us: int, cfg: PolicyConfig,
+                out: list[Decision]) -> None:
+    job = event.job_id
+    if v.state is VerdictState.RESOLVED:
+        s.open.pop(v.verdict_id, None)
+        for name in [n for n, lad in s.ladders.items() if lad.verdict_id == v.verdict_id]:
+            del s.ladders[name]  # back among its peers: the ladder stops here
+        return
+    pid = v.evidence.get("pid")
+    ov = OpenVerdict(v.verdict_id, job, v.kind, event.subject.rank, event.subject.node,
+                     event.subject.gpu, v.first_anomalous_time,
+                     pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
+    if v.verdict_id in s.open:
+        return
+    s.open[v.verdict_id] = ov
+    if job in s.stopped:
+        return
+    if v.kind in LADDER_KINDS and ov.rank is not None:
+        name = f"{job}/{ov.rank}"
+        if name in s.ladders or _restart_pending(s, job):
+            return
+        unit = s.pool.bound(job).get(ov.rank)
+        params: FlatMap = {"rank": ov.rank, "quota_pct": cfg.quota_pct,
+                           "unit": unit.name if unit else None, "reason": v.kind}
+        d = _issue(s, job, CommandAction.RAISE_QUOTA, 1, v.verdict_id, ov.rank, params, now_us,
+                   cfg, out)
+        if d is not None:
+            s.ladders[name] = Ladder(job, ov.rank, v.verdict_id, 1, d)
+    elif v.kind in FAILURE_KINDS:
+        if _stale(s, ov) or _restart_pending(s, job):
+            return  # a replica already replaced, or covered by the restart under way
+        s.held.setdefault(job, []).append(ov)
+        s.held_since.setdefault(job, now_us)
+
+
+def _stale(s: PolicyState, ov: OpenVerdict) -> bool:
+    if ov.pid is None or ov.rank is None:
+        return False
+    unit = s.pool.bound(ov.job).get(ov.rank)
+    return unit is not None and unit.pid is not None and unit.pid != ov.pid
+
+
+def _restart_pending(s: PolicyState, job: str) -> bool:
+    return any(p.job == job and p.action in RESTARTS for p in s.pending.values())
+
+
+def _decide_failure(s: PolicyState, job: str, held: list[OpenVerdict], now_us: int,
+                    cfg: PolicyConfig, out: list[Decision]) -> None:
+    live = [ov for ov in held if ov.verdict_id in s.open and not _stale(s, ov)]
+    if not live or job in s.stopped or _restart_pending(s, job):
+        return
+    cause = min(live, key=lambda ov: (ov.first_time, ov.verdict_id))
+    rank = cause.rank if cause.rank is not None else _rank_on(s, job, cause)
+    covered = [ov.verdict_id for ov in live if ov is not cause]
+    if rank is None:
+        _escalate(s, job, f"{cause.kind} at node {cause.node} gpu {cause.gpu}: no rank of the "
+                  "job is bound there to move", cause.verdict_id, None, now_us, cfg, out)
+        return
+    _migrate_or_escalate(s, job, rank, cause.verdict_id, cause.kind, 2, now_us, cfg, out,
+                         covered=covered)
+
+
+def _rank_on(s: PolicyState, job: str, ov: OpenVerdict) -> int | None:
+    for rank, unit in sorted(s.pool.bound(job).items()):
+        if unit.node == ov.node and (ov.gpu is None or unit.labels.get("gpu") in (None,
+                                                                                  str(ov.gpu))):
+            return rank
+    return None
+
+
+def _migrate_or_escalate(s: PolicyState, job: str, rank: int, cause: str, reason: str,
+                         tier: int, now_us: int, cfg: PolicyConfig, out: list[Decision],
+                         covered: list[str] | None = None) -> str | None:
+    if not s.pool.spares_for(job):
+        _escalate(s, job, f"{reason} at rank {rank}: no spare unit in the pool for job {job}; "
+                  "the job is not shrunk, a human must add capacity or decide", cause, rank,
+                  now_us, cfg, out)
+        return None
+    unit = s.pool.bound(job).get(rank)
+    params: FlatMap = {"rank": rank, "resume": True, "reason": reason,
+                       "from_unit": unit.name if unit else None,
+                       "covered_verdicts": list(covered or [])}
+    return _issue(s, job, CommandAction.MIGRATE, tier, cause, rank, params, now_us, cfg, out)
+
+
+def _next_tier(s: PolicyState, lad: Ladder, now_us: int, cfg: PolicyConfig,
+               out: list[Decision]) -> None:
+    name = f"{lad.job}/{lad.rank}"
+    if lad.job in s.stopped:
+        del s.ladders[name]
+        return
+    if lad.tier == 1:
+        key = _migrate_or_escalate(s, lad.job, lad.rank, lad.verdict_id, "straggler", 2,
+                                   now_us, cfg, out)
+    elif lad.tier == 2:
+        params: FlatMap = {"rank": lad.rank, "reason": "straggler"}
+        key = _issue(s, lad.job, CommandAction.RESUME, 3, lad.verdict_id, lad.rank, params,
+                     now_us, cfg, out)
+    else:
+        _escalate(s, lad.job, f"straggler at rank {lad.rank}: still slow after tiers 1-3",
+                  lad.verdict_id, lad.rank, now_us, cfg, out)
+        key = None
+    if key is None:
+        del s.ladders[name]
+    else:
+        lad.tier, lad.key, lad.done_at = lad.tier + 1, key, None
+
+
+# --- outcomes ------------------------------------------------------------------------------
+
+
+def _on_outcome(s: PolicyState, job: str, o: CommandOutcome, now_us: int, cfg: PolicyConfig,
+                out: list[Decision]) -> None:
+    pend = s.pending.get(o.idempotency_key)
+    if pend is None or o.status not in FINAL:
+        return
+    del s.pending[o.idempotency_key]
+    at = o.finished_at or now_us
+    ladder = next((lad for lad in s.ladders.values() if lad.key == o.idempotency_key), None)
+    if o.status is not OutcomeStatus.DONE:
+        if ladder is not None:
+            del s.ladders[f"{ladder.job}/{ladder.rank}"]
+        if pend.action is not CommandAction.ESCALATE:
+            _escalate(s, job, f"{pend.action.value} (tier {pend.tier}) {o.status.value}: "
+                      f"{o.detail}", o.idempotency_key, pend.rank, now_us, cfg, out)
+        return
+    if ladder is not None:
+        ladder.done_at = at
+    if pend.action in RESTARTS:
+        history = [(t, c) for t, c in s.restarts.get(job, [])
+                   if at - t <= int(cfg.storm_window_s * 1e6)]
+        history.append((at, s.ckpt_step.get(job, -1)))
+        s.restarts[job] = history
+        if len(history) >= cfg.storm_restarts and len({c for _, c in history}) == 1:
+            s.stopped[job] = "restart storm"
+            _escalate(s, job, f"restart storm: {len(history)} restarts within "
+                      f"{cfg.storm_window_s:.0f} s without checkpoint progress (step "
+                      f"{history[-1][1]}); remediation stopped for this job",
+                      o.idempotency_key, pend.rank, now_us, cfg, out)
+
+
+# --- commands ------------------------------------------------------------------------------
+
+
+def _escalate(s: PolicyState, job: str, reason: str, cause: str, rank: int | None,
+              now_us: int, cfg: PolicyConfig, out: list[Decision]) -> None:
+    params: FlatMap = {"reason": reason, "rank": rank}
+    _issue(s, job, CommandAction.ESCALATE, ESCALATION_TIER, cause, rank, params, now_us, cfg,
+           out)
+
+
+def idempotency_key(job: str, cause: str, action: CommandAction, tier: int) -> str:
+    return derived_id("command-key", job, cause, action.value, tier)
+
+
+def _issue(s: PolicyState, job: str, action: CommandAction, tier: int, cause: str,
+           rank: int | None, params: FlatMap, now_us: int, cfg: PolicyConfig,
+           out: list[Decision]) -> str | None:
+    key = idempotency_key(job, cause, action, tier)
+    if key in s.issued:
+        return None
+    s.issued.add(key)
+    s.pending[key] = Pending(key, job, action, tier, now_us, rank)
+    cmd = Command(command_id=derived_id("command", key), idempotency_key=key, action=action,
+                  tier=tier, issued_at=now_us, issued_by=cfg.issued_by,
+                  cause_verdict_ids=[cause] if cause in s.open else [], params=params)
+    out.append(Decision(job, Subject(rank=rank), cmd))
+    return key

@@ -1,0 +1,159 @@
+"""The pool of compute units, event-sourced: its state is a pure fold of ``pool.unit`` events.
+
+A unit is a logical slot of compute (here a CPU set on a node; a GPU or a pod elsewhere) in one
+of the states spare, bound (job, rank, epoch), draining, fenced, failed. ``reduce`` applies one
+event; ``rebuild`` folds a whole log, so a restarted actuator or decision service recovers the
+pool from the outcomes topic. ``choose_spare`` picks where a rank goes: only spares usable by the
+job (reserved for it, or unreserved), whose data path is reachable, preferring the same node,
+then the same switch/rack as the unit being replaced.
+
+Epochs: every binding carries one; ``epochs[(job, rank)]`` is the highest ever bound, so a
+report carrying a lower epoch is from a stale replica (see ``fencing.is_stale``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from trainguard.events.envelope import Event
+from trainguard.events.payloads import FlatMap, PoolUnit, UnitState
+
+RESERVED_LABEL = "reserved_for"
+DOMAIN_LABELS = ("switch", "rack")  # nearest first
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    state: UnitState
+    node: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    job: str | None = None  # the job it is (or was last) bound to
+    rank: int | None = None
+    epoch: int | None = None
+    pid: int | None = None
+    resources: FlatMap = field(default_factory=dict)
+
+    @property
+    def reserved_for(self) -> str | None:
+        return self.labels.get(RESERVED_LABEL)
+
+
+@dataclass(frozen=True)
+class PoolState:
+    units: Mapping[str, Unit] = field(default_factory=lambda: MappingProxyType({}))
+    epochs: Mapping[tuple[str, int], int] = field(default_factory=lambda: MappingProxyType({}))
+    # every replica ever bound: pid -> (job, rank, start time), to recognise one that reappears
+    launched: Mapping[int, tuple[str, int, float | None]] = field(
+        default_factory=lambda: MappingProxyType({}))
+
+    def bound(self, job: str) -> dict[int, Unit]:
+        """The job's bound units by rank."""
+        return {u.rank: u for u in self.units.values()
+                if u.state is UnitState.BOUND and u.job == job and u.rank is not None}
+
+    def epoch(self, job: str, rank: int) -> int:
+        return self.epochs.get((job, rank), 0)
+
+    def job_epoch(self, job: str) -> int:
+        return max((e for (j, _), e in self.epochs.items() if j == job), default=0)
+
+    def spares_for(self, job: str) -> list[Unit]:
+        return sorted((u for u in self.units.values() if u.state is UnitState.SPARE
+                       and u.reserved_for in (None, job)), key=lambda u: u.name)
+
+
+def reduce(state: PoolState, event: Event) -> PoolState:
+    """Apply one event; anything but ``pool.unit`` leaves the state as it is."""
+    p = event.payload
+    if not isinstance(p, PoolUnit):
+        return state
+    old = state.units.get(p.unit)
+    unit = Unit(
+        name=p.unit,
+        state=p.state,
+        node=p.node if p.node is not None else (old.node if old else None),
+        labels=MappingProxyType(dict(p.labels)) if p.labels else (old.labels if old else {}),
+        job=event.job_id if p.state is UnitState.BOUND or old is None else old.job,
+        rank=p.rank if p.state is UnitState.BOUND else None,
+        epoch=p.epoch if p.state is UnitState.BOUND else None,
+        pid=p.pid if p.state is UnitState.BOUND else None,
+        resources=dict(p.resources) if p.resources else (old.resources if old else {}),
+    )
+    units = dict(state.units)
+    units[p.unit] = unit
+    epochs = dict(state.epochs)
+    launched = state.launched
+    if p.state is UnitState.BOUND and p.rank is not None and p.epoch is not None:
+        key = (event.job_id, p.rank)
+        epochs[key] = max(epochs.get(key, 0), p.epoch)
+        if p.pid is not None:
+            created = p.resources.get("create_time")
+            launched = MappingProxyType({**launched, p.pid: (
+                event.job_id, p.rank,
+                float(created) if isinstance(created, int | float) else None)})
+    return replace(state, units=MappingProxyType(units), epochs=MappingProxyType(epochs),
+                   launched=launched)
+
+
+def rebuild(events: Iterable[Event]) -> PoolState:
+    state = PoolState()
+    for event in events:
+        state = reduce(state, event)
+    return state
+
+
+@dataclass(frozen=True)
+class SpareChoice:
+    unit: Unit | None
+    reason: str  # why this one, or why none
+
+
+def choose_spare(state: PoolState, job: str, replacing: Unit | None,
+                 unreachable: Mapping[str, str]) -> SpareChoice:
+    """The spare a rank of ``job`` should move to, or none with the reason.
+
+    ``unreachable`` maps unit name -> why the job's storage cannot be reached from it (checked
+    at the edge by the backend before calling this).
+    """
+    candidates = state.spares_for(job)
+    if not candidates:
+        return SpareChoice(None, f"no spare unit in the pool for job {job} "
+                                 f"(reserved for it or unreserved)")
+    usable = [u for u in candidates if u.name not in unreachable]
+    if not usable:
+        why = "; ".join(f"{u.name}: {unreachable[u.name]}" for u in candidates)
+        return SpareChoice(None, f"no spare can reach the job's storage ({why})")
+
+    def rank_of(u: Unit) -> tuple[int, tuple[bool, ...], str]:
+        reserved = 0 if u.reserved_for == job else 1
+        return (reserved, _distance(u, replacing), u.name)
+
+    best = min(usable, key=rank_of)
+    shared = _shared(best, replacing)
+    where = ("same " + " and ".join(shared)) if shared else "another domain"
+    reserved = "reserved for the job" if best.reserved_for == job else "unreserved"
+    return SpareChoice(best, f"{best.name}: {where}, {reserved}, storage reachable")
+
+
+LEVELS = ("node", *DOMAIN_LABELS)
+
+
+def _value(u: Unit, level: str) -> str | None:
+    return u.node if level == "node" else u.labels.get(level)
+
+
+def _shared(u: Unit, ref: Unit | None) -> list[str]:
+    if ref is None:
+        return []
+    return [lvl for lvl in LEVELS
+            if _value(u, lvl) is not None and _value(u, lvl) == _value(ref, lvl)]
+
+
+def _distance(u: Unit, ref: Unit | None) -> tuple[bool, ...]:
+    """Per level, nearest first (node, switch, rack): False where ``u`` shares it with ``ref``;
+    compared lexicographically, so the same node wins, then the same switch, then the rack."""
+    shared = set(_shared(u, ref))
+    return tuple(lvl not in shared for lvl in LEVELS)

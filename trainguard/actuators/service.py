@@ -1,0 +1,214 @@
+"""`trainguard actuator`: the Kafka edge around the executor.
+
+At start it reads the outcomes topic from the beginning: the pool (``pool.unit``) and the used
+idempotency keys (``command.outcome``) are rebuilt from the log, merged with the local ledger
+file. It registers the job spec's units, optionally launches the job, then consumes:
+- the commands topic (consumer group per job): a command acts only when its signature verifies
+  with the key from the secret file/env, its idempotency key is unused and it is fresh; every
+  command gets ``accepted`` then ``done``/``failed``, or one ``refused``/``timed_out`` outcome;
+- the task topic (no group, from now): step reports and heartbeats with a stale binding epoch
+  are refused (``replica.refused``) and their process killed if it is still alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainguard.actuators import metrics, signing, zygote
+from trainguard.actuators.backend import Backend
+from trainguard.actuators.executor import SOURCE, Emit, Executor, Result
+from trainguard.actuators.jobspec import JobSpec
+from trainguard.actuators.ledger import Ledger
+from trainguard.actuators.pool import rebuild
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.producer import EventProducer
+from trainguard.events.clock import now_us
+from trainguard.events.codec import make_event
+from trainguard.events.envelope import Event
+from trainguard.events.ids import derived_id
+from trainguard.events.payloads import Command, CommandOutcome, FlatMap, OutcomeStatus
+from trainguard.events.topics import TopicRole
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ActuatorOptions:
+    job: JobSpec
+    key: bytes
+    state_dir: Path
+    launch: bool = False
+    max_age_s: float = 60.0
+    group_id: str | None = None
+
+
+class Actuator:
+    def __init__(self, cfg: KafkaConfig, opts: ActuatorOptions, backend: Backend) -> None:
+        self.cfg = cfg
+        self.opts = opts
+        self.backend = backend
+        self.producer: EventProducer | None = None  # made inside the running loop
+        self.ledger = Ledger(opts.state_dir / f"ledger-{opts.job.job_id}.jsonl")
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.executor: Executor | None = None
+        self.busy = False
+
+    def _emit_threadsafe(self, loop: asyncio.AbstractEventLoop) -> Emit:
+        def emit(event: Event) -> None:
+            loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        return emit
+
+    async def _publisher(self) -> None:
+        while True:
+            event = await self.queue.get()
+            await self._prod().send(event)
+            if event.type == "replica.refused":
+                metrics.REFUSED_REPLICAS.labels(getattr(event.payload, "action", "?")).inc()
+            self.queue.task_done()
+
+    async def _rebuild(self) -> Executor:
+        job = self.opts.job.job_id
+        reader = EventConsumer(self.cfg, [TopicRole.OUTCOMES], group_id=None,
+                               name="actuator-rebuild", dlq=self.producer)
+        await reader.start()
+        try:
+            history = [d.event for d in await reader.drain(idle_ms=500, limit_s=300)]
+            # a partial pool could launch a second copy of a running job: never act on one
+            if not await reader._caught_up():
+                raise RuntimeError("could not read the outcomes topic to its end within "
+                                   "300 s: the pool cannot be rebuilt, refusing to act")
+        finally:
+            await reader.stop()
+        mine = [e for e in history if e.job_id == job]
+        for e in mine:
+            if isinstance(e.payload, CommandOutcome):
+                self.ledger.note_outcome(e.payload)
+        loop = asyncio.get_running_loop()
+        executor = Executor(self.opts.job, self.backend,
+                            self._emit_threadsafe(loop),
+                            rebuild(mine))
+        log.warning("actuator %s: rebuilt %d units, %d used keys from the log", job,
+                    len(executor.pool.units), len(self.ledger.entries))
+        return executor
+
+    def _prod(self) -> EventProducer:
+        assert self.producer is not None, "run() starts the producer"
+        return self.producer
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.producer = EventProducer(self.cfg)
+        await self.producer.start()
+        pub = asyncio.create_task(self._publisher())
+        try:
+            self.executor = ex = await self._rebuild()
+            ex.register_units()
+            if self.opts.launch and ex.pool.job_epoch(self.opts.job.job_id) == 0:
+                epoch = await asyncio.to_thread(ex.launch_initial)
+                log.warning("actuator: launched job %s at epoch %d", self.opts.job.job_id,
+                            epoch)
+            await self.queue.join()
+            await self._serve(ex, stop)
+        finally:
+            await self.queue.join()
+            pub.cancel()
+            await self.producer.stop()
+
+    async def teardown(self) -> list[str]:
+        """Stop the job for good: fence every bound replica (confirmed dead, units released,
+        each a ``pool.unit fenced`` event) and stop the warm launcher. What was released."""
+        self.producer = EventProducer(self.cfg)
+        await self.producer.start()
+        pub = asyncio.create_task(self._publisher())
+        try:
+            ex = await self._rebuild()
+            released, _ = await asyncio.to_thread(ex.fence_all, None, "teardown")
+            await self.queue.join()
+        finally:
+            pub.cancel()
+            await self.producer.stop()
+        logs = self.opts.job.log_dir or self.opts.state_dir / "logs"
+        zygote.stop(logs / f"zygote-{self.opts.job.job_id}.sock")
+        return released
+
+    async def _serve(self, ex: Executor, stop: asyncio.Event) -> None:
+        job = self.opts.job.job_id
+        group = self.opts.group_id or f"{self.cfg.topic_prefix}-actuator-{job}"
+        commands = EventConsumer(self.cfg, [TopicRole.COMMANDS], group_id=group,
+                                 name="actuator", dlq=self.producer)
+        task = EventConsumer(self.cfg, [TopicRole.TASK], group_id=None, name="actuator-epochs",
+                             dlq=self.producer, from_offset="latest")
+        await commands.start()
+        await task.start()
+        try:
+            while not stop.is_set():
+                for d in await commands.poll(timeout_ms=200):
+                    if d.event.job_id == job and isinstance(d.event.payload, Command):
+                        await self.handle(ex, d.event)
+                    await commands.commit()
+                for d in await task.poll(timeout_ms=50):
+                    ex.check_report(d.event)
+        finally:
+            await commands.stop()
+            await task.stop()
+
+    async def _outcome(self, event: Event, cmd: Command, status: OutcomeStatus, detail: str,
+                       started: int | None = None, data: FlatMap | None = None) -> None:
+        payload = CommandOutcome(command_id=cmd.command_id, idempotency_key=cmd.idempotency_key,
+                                 action=cmd.action, status=status, started_at=started,
+                                 finished_at=now_us() if status is not OutcomeStatus.ACCEPTED
+                                 else None, detail=detail[:4000],
+                                 data=data or {})
+        ev = make_event(payload, event_id=derived_id("outcome", cmd.idempotency_key,
+                                                     status.value, cmd.command_id),
+                        job_id=event.job_id, event_time=now_us(), source=SOURCE,
+                        subject=event.subject)
+        metrics.OUTCOMES.labels(cmd.action.value, status.value).inc()
+        await self.queue.put(ev)
+        await self.queue.join()  # the outcome is on the log before the next command
+
+    async def handle(self, ex: Executor, event: Event) -> None:
+        cmd = event.payload
+        assert isinstance(cmd, Command)
+        bad = signing.verify(self.opts.key, event)
+        if bad is not None:  # a forged key must not burn a real one: not recorded
+            log.warning("refused command %s: %s", cmd.command_id, bad)
+            await self._outcome(event, cmd, OutcomeStatus.REFUSED, bad)
+            return
+        seen = self.ledger.seen(cmd.idempotency_key)
+        if seen is not None:
+            if seen.status == "started":
+                detail = ("interrupted: the actuator stopped while carrying it out; not "
+                          "repeated (the pool state on the log says what was done)")
+                self.ledger.record(cmd.idempotency_key, cmd.command_id, "timed_out")
+                await self._outcome(event, cmd, OutcomeStatus.TIMED_OUT, detail)
+            else:
+                await self._outcome(event, cmd, OutcomeStatus.REFUSED,
+                                    f"replayed: idempotency key already used (outcome "
+                                    f"{seen.status}, command {seen.command_id})")
+            return
+        stale = signing.freshness(cmd, now_us(), max_age_s=self.opts.max_age_s)
+        if stale is not None:
+            self.ledger.record(cmd.idempotency_key, cmd.command_id, "refused")
+            await self._outcome(event, cmd, OutcomeStatus.REFUSED, stale)
+            return
+        started = now_us()
+        self.ledger.record(cmd.idempotency_key, cmd.command_id, "started")  # write-ahead
+        await self._outcome(event, cmd, OutcomeStatus.ACCEPTED, "verified: signature, fresh, "
+                            "unused idempotency key", started)
+        self.busy = True
+        try:
+            result: Result = await asyncio.to_thread(ex.execute, cmd)
+        finally:
+            self.busy = False
+        self.ledger.record(cmd.idempotency_key, cmd.command_id, result.status.value)
+        for phase in ("fence_ms", "bind_ms"):
+            value = result.data.get(phase)
+            if isinstance(value, int | float):
+                metrics.PHASE.labels(phase[:-3]).observe(value / 1000)
+        metrics.PHASE.labels("command").observe((now_us() - started) / 1e6)
+        await self._outcome(event, cmd, result.status, result.detail, started,
+                            dict(result.data))

@@ -1,0 +1,78 @@
+"""`trainguard actuator`: carry out signed commands on one job through the local backend, and
+refuse stale replicas. With ``--launch`` it also starts the job from its spec (ranks + spares).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.dev.paths import state_dir
+
+log = logging.getLogger(__name__)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("actuator", help="execute signed remediation commands on a job "
+                       "(local backend); optionally launch it")
+    add_kafka_args(p)
+    p.add_argument("--job-spec", type=Path, required=True,
+                   help="the job: command, units (CPU sets), ranks, spares, checkpoint dir")
+    p.add_argument("--launch", action="store_true",
+                   help="launch the job's ranks at start if the log has never seen it bound")
+    p.add_argument("--state-dir", type=Path,
+                   help="ledger of used idempotency keys and rank logs (default "
+                   "$TRAINGUARD_STATE/actuator-<job>)")
+    p.add_argument("--key-file", type=Path, help="command signing key (default "
+                   "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
+    p.add_argument("--max-age-s", type=float, default=60.0,
+                   help="refuse commands issued longer ago than this (default 60)")
+    p.add_argument("--no-cgroups", action="store_true",
+                   help="do not put units in CPU cgroups (tier 1 then fails, saying why)")
+    p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: none)")
+    p.add_argument("--teardown", action="store_true",
+                   help="instead of serving: fence every bound replica of the job (recorded "
+                   "on the log) and stop its warm launcher, then exit")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from trainguard.actuators import metrics
+    from trainguard.actuators.jobspec import JobSpecError, load_job_spec
+    from trainguard.actuators.local import LocalBackend
+    from trainguard.actuators.service import Actuator, ActuatorOptions
+    from trainguard.actuators.signing import SigningKeyError, load_key
+
+    try:
+        job = load_job_spec(args.job_spec)
+        key = load_key(key_file=args.key_file)
+    except (JobSpecError, SigningKeyError) as exc:
+        raise SystemExit(f"trainguard actuator: {exc}") from None
+    cfg = kafka_config(args, client_id=f"trainguard-actuator-{job.job_id}")
+    sdir = args.state_dir or state_dir() / f"actuator-{job.job_id}"
+    backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
+    actuator = Actuator(cfg, ActuatorOptions(job=job, key=key, state_dir=sdir,
+                                             launch=args.launch, max_age_s=args.max_age_s),
+                        backend)
+    if args.teardown:
+        for item in asyncio.run(actuator.teardown()):
+            print(f"released: {item}")
+        return 0
+    metrics.serve(args.metrics_port)
+    return _serve(actuator.run)
+
+
+def _serve(run: object) -> int:
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run(stop)  # type: ignore[operator]
+
+    asyncio.run(main())
+    return 0

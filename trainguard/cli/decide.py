@@ -1,0 +1,54 @@
+"""`trainguard decide`: the decision service — verdicts in, signed commands out."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from trainguard.cli.common import add_kafka_args, kafka_config
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("decide", help="run the remediation policy: verdicts -> signed commands")
+    add_kafka_args(p)
+    p.add_argument("--key-file", type=Path, help="command signing key (default "
+                   "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
+    p.add_argument("--job", action="append", help="only these jobs (default: every job)")
+    p.add_argument("--window-s", type=float, default=5.0,
+                   help="one policy window, in seconds (default 5)")
+    p.add_argument("--tier-windows", type=int, default=2,
+                   help="windows a tier gets before the next one (M, default 2)")
+    p.add_argument("--settle-s", type=float, default=1.0,
+                   help="collect a job's failure verdicts this long before choosing the cause")
+    p.add_argument("--quota-pct", type=float,
+                   help="tier-1 quota in %% of a core (default: no limit)")
+    p.add_argument("--storm-restarts", type=int, default=3,
+                   help="restarts without checkpoint progress that stop remediation (N)")
+    p.add_argument("--storm-window-s", type=float, default=600.0, help="... within (T)")
+    p.add_argument("--outcome-timeout-s", type=float, default=180.0,
+                   help="escalate when a command has no final outcome after this")
+    p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: none)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from trainguard.actuators import metrics
+    from trainguard.actuators.decider import Decider, DeciderOptions
+    from trainguard.actuators.policy import PolicyConfig
+    from trainguard.actuators.signing import SigningKeyError, load_key
+    from trainguard.cli.actuator import _serve
+
+    try:
+        key = load_key(key_file=args.key_file)
+        pol = PolicyConfig(window_s=args.window_s, tier_windows=args.tier_windows,
+                           settle_s=args.settle_s, quota_pct=args.quota_pct,
+                           storm_restarts=args.storm_restarts,
+                           storm_window_s=args.storm_window_s,
+                           outcome_timeout_s=args.outcome_timeout_s)
+    except (SigningKeyError, ValueError) as exc:
+        raise SystemExit(f"trainguard decide: {exc}") from None
+    cfg = kafka_config(args, client_id="trainguard-decide")
+    metrics.serve(args.metrics_port)
+    decider = Decider(cfg, DeciderOptions(key=key, policy=pol,
+                                          jobs=frozenset(args.job) if args.job else None))
+    return _serve(decider.run)
