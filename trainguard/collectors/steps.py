@@ -7,10 +7,12 @@ bound to: a probe connect is refused) but refuses to take over a live one or to 
 that is not a socket, and sets the socket's mode (0o660 by default: trainers must be the
 agent's user or in its group; pass 0o666 to open it to every local user).
 
-Each valid datagram becomes ``Discrete(StepReport | Heartbeat, job_id, event_time,
-Subject(node=<this node>, rank=...))``, in arrival order. A malformed one (bad magic, version,
-kind, length, flags, phase or job id, an event time past 2**53, or values the payload model
-refuses: ``invalid_step_report`` / ``invalid_heartbeat``) is counted in ``Reading.malformed``
+Each valid datagram becomes ``Discrete(StepReport | Heartbeat | CheckpointEvent, job_id,
+event_time, Subject(node=<this node>, rank=...))``, in arrival order; the agent publishes a
+``CheckpointEvent`` as a ``checkpoint`` event (the rank that wrote, verified or loaded it is the
+subject's). A malformed one (bad magic, version, kind, length, flags, phase, action or job id,
+an event time past 2**53, or values the payload model refuses: ``invalid_step_report`` /
+``invalid_heartbeat`` / ``invalid_checkpoint``) is counted in ``Reading.malformed``
 by kind, logged once per kind, and skipped; the datagrams around it are kept.
 
 Two ways to drain, both non-blocking, from the agent's one thread:
@@ -45,7 +47,7 @@ from pydantic import ValidationError
 
 from trainguard.collectors.base import Discrete, Reading
 from trainguard.events.envelope import Subject
-from trainguard.events.payloads import Heartbeat, StepReport
+from trainguard.events.payloads import CheckpointAction, CheckpointEvent, Heartbeat, StepReport
 from trainguard.sdk import wire
 from trainguard.sdk.paths import default_socket_path
 
@@ -189,6 +191,8 @@ class StepReceiver:
         if frame.event_time >= MAX_EVENT_TIME:
             self._count("invalid_event_time", str(frame.event_time))
             return None
+        if isinstance(frame, wire.CheckpointFrame):
+            return self._checkpoint(frame)
         payload: StepReport | Heartbeat
         try:
             if isinstance(frame, wire.StepFrame):
@@ -216,6 +220,17 @@ class StepReceiver:
         prev = self.last_seen.get(key)
         if prev is None or prev.event_time <= frame.event_time:
             self.last_seen[key] = seen
+        return Discrete(payload, frame.job_id, frame.event_time, self._subject(frame.rank))
+
+    def _checkpoint(self, frame: wire.CheckpointFrame) -> Discrete | None:
+        try:
+            payload = CheckpointEvent(
+                action=CheckpointAction(frame.action), step=frame.step,
+                samples_consumed=frame.samples_consumed, path=frame.path, sha256=frame.sha256,
+                size_bytes=frame.size_bytes, write_ms=frame.write_ms, reason=frame.reason)
+        except ValidationError as exc:
+            self._count("invalid_checkpoint", _first_error(exc))
+            return None
         return Discrete(payload, frame.job_id, frame.event_time, self._subject(frame.rank))
 
     def _subject(self, rank: int) -> Subject:

@@ -21,6 +21,9 @@ step and the current phase ("init" until the first step, "step" after each ``ste
 and checkpoints. It shows the *process* is alive; progress is the step number. The thread never
 keeps the process alive, and stops on ``close()``, which also sends a last "idle" heartbeat.
 
+``checkpoint()`` sends one checkpoint record (written, verified, corrupt, loaded) for the
+agent to publish as a ``checkpoint`` event; ``trainguard.sdk.checkpoint`` calls it.
+
 Pass plain numbers: a tensor would be converted with ``float()``, which synchronises the
 device (``loss.item()`` costs the same, but visibly). ``step()`` is not thread-safe against
 itself: call it from the training loop's thread. After ``fork`` the child reports its own pid,
@@ -33,6 +36,7 @@ The socket path: ``socket_path``, else ``trainguard.sdk.paths.default_socket_pat
 from __future__ import annotations
 
 import atexit
+import errno
 import os
 import threading
 import time
@@ -55,6 +59,9 @@ _STEP_MS: Final = wire.STEP_STEP_MS
 _LOSS: Final = wire.STEP_LOSS
 
 _LIVE: weakref.WeakSet[StepReporter] = weakref.WeakSet()
+CHECKPOINT_RETRIES: Final = 10
+CHECKPOINT_RETRY_S: Final = 0.001
+_RETRY_ERRNOS: Final = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EINTR})
 
 
 class StepReporter:
@@ -204,6 +211,43 @@ class StepReporter:
             return False
         self._set_phase(phase)
         return self._send_heartbeat(self._link, self._hb_buf)
+
+    def checkpoint(
+        self,
+        action: str,
+        step: int,
+        samples_consumed: int,
+        path: str,
+        *,
+        sha256: str | None = None,
+        size_bytes: int | None = None,
+        write_ms: float | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """Report a checkpoint record (action: written, verified, corrupt, loaded). Never
+        raises; True if the datagram went to the agent. Call it from the training loop's
+        thread (it shares ``step()``'s socket). Not the hot path: the datagram is built per
+        call, and a full agent queue is retried for up to ~10 ms (``CHECKPOINT_RETRIES``),
+        because a checkpoint record is rare and is recovery evidence."""
+        try:
+            data = wire.encode_checkpoint(wire.CheckpointFrame(
+                job_id=self.job_id, event_time=_time_ns() // 1000, rank=self.rank,
+                action=action, step=step,  # type: ignore[arg-type]  # checked by the encoder
+                samples_consumed=samples_consumed, path=path, sha256=sha256,
+                size_bytes=size_bytes, write_ms=write_ms, reason=reason,
+                binding_epoch=self.binding_epoch, pid=self.pid))
+        except Exception:  # a value the wire refuses: counted, never raised
+            self.invalid += 1
+            return False
+        link = self._link
+        for attempt in range(CHECKPOINT_RETRIES + 1):
+            if link.send(data):
+                return True
+            if link.last_errno not in _RETRY_ERRNOS or attempt == CHECKPOINT_RETRIES:
+                return False
+            link.dropped -= 1  # this attempt is retried, not dropped
+            time.sleep(CHECKPOINT_RETRY_S)
+        return False  # pragma: no cover - the loop always returns
 
     # -- lifecycle --------------------------------------------------------------------------
 

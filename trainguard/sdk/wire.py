@@ -2,14 +2,15 @@
 
 One datagram is one report. Every datagram starts with the same 6-byte header, then a body
 whose layout the kind fixes, then the job id (ASCII, ``job_len`` bytes). A datagram's length
-must be exactly ``header + body + job_len``; anything else is malformed.
+must be exactly ``header + body + job_len`` (for a checkpoint, the body includes its path and
+reason, whose lengths it carries); anything else is malformed.
 
 Header (6 bytes)::
 
     off size  field
     0   2     magic      b"TG"
     2   1     version    1
-    3   1     kind       1 = step report, 2 = heartbeat
+    3   1     kind       1 = step report, 2 = heartbeat, 3 = checkpoint
     4   1     job_len    1..128 (bytes of the trailing job id)
     5   1     reserved   0
 
@@ -45,6 +46,30 @@ Heartbeat body (32 bytes; datagram = 38 + job_len)::
     22  8  u64 event_time_ns
     30  8  u64 step           (flag)
 
+Checkpoint body (92 bytes + path + reason; datagram = 98 + path_len + reason_len + job_len)::
+
+    6   4  u32 pid            0 = unknown
+    10  4  u32 rank
+    14  4  u32 binding_epoch
+    18  2  u16 flags          CK_SHA256 / CK_SIZE / CK_WRITE_MS; unknown bits are malformed
+    20  1  u8  action         index into CHECKPOINT_ACTIONS
+    21  1  u8  reserved       0
+    22  8  u64 step
+    30  8  u64 samples_consumed
+    38  8  u64 size_bytes     (flag)
+    46  8  f64 write_ms       (flag)
+    54  8  u64 event_time_ns
+    62  32     sha256         (flag) the raw digest; zeros otherwise
+    94  2  u16 path_len       1..MAX_PATH_BYTES, UTF-8 bytes (an undecodable file name
+                              travels with "?" for its bad bytes)
+    96  2  u16 reason_len     0..MAX_REASON_BYTES, UTF-8 bytes (0 = no reason); text that
+                              is not UTF-8 is malformed (``bad_text``)
+    98  ...    path, then reason, then the job id
+
+Checkpoint records are rare (a few per checkpoint), so they are encoded from a frame
+(``encode_checkpoint``) rather than packed in place, and they may be larger than the other
+kinds: ``MAX_DATAGRAM`` covers the largest one.
+
 Nanoseconds travel because the ``// 1000`` of ``time.time_ns() // 1000`` (a multi-digit
 integer division) costs the hook a third as much as the whole pack; frames (``StepFrame``,
 ``HeartbeatFrame``) carry ``event_time`` in microseconds, like every event.
@@ -56,8 +81,11 @@ job id is written once at the tail. The heartbeat thread reads the last (step, t
 from that buffer (``STEP_TAIL`` at ``STEP_STEP_OFFSET``), so ``step()`` stores nothing else; a
 pack that fails zeroes the variable part, so heartbeats carry no step until the next good one.
 
-A new field means a new version: receivers accept every version they know and count the
-others as ``bad_version``.
+Version rules. A new field in an existing kind means a new version: receivers accept every
+version they know and count the others as ``bad_version``. A new *kind* is additive within a
+version (kind 3, checkpoint, came after 1 and 2 in version 1): a receiver that predates it
+counts such datagrams as ``bad_kind`` and keeps the reports around them, so a newer trainer
+never breaks an older agent; it only loses the new kind's records there.
 
 Why a struct and not JSON: packing the variable part is one ``pack_into`` call into a held
 buffer (no allocation, ~0.4-0.8 µs on the 2-core dev VM), against building a dict and
@@ -76,8 +104,11 @@ MAGIC: Final = b"TG"
 VERSION: Final = 1
 KIND_STEP: Final = 1
 KIND_HEARTBEAT: Final = 2
+KIND_CHECKPOINT: Final = 3
 MAX_JOB_LEN: Final = 128
-MAX_DATAGRAM: Final = 512  # larger than any valid datagram; receivers read this much
+MAX_PATH_BYTES: Final = 1024
+MAX_REASON_BYTES: Final = 1024
+MAX_DATAGRAM: Final = 4096  # larger than any valid datagram; receivers read this much
 U32_MAX: Final = 2**32 - 1
 U64_MAX: Final = 2**64 - 1
 # The envelope's JobId (trainguard/events/envelope.py), kept here so the trainer needs no
@@ -101,6 +132,9 @@ STEP_FIXED: Final = STEP_VAR_OFFSET + STEP_VAR.size
 STEP_STEP_OFFSET: Final = STEP_FIXED - 16  # (step, event_time_ns): what heartbeats read
 STEP_TAIL: Final = struct.Struct("<QQ")
 HEARTBEAT_FIXED: Final = HEARTBEAT.size
+# header .. event_time_ns, then the digest, then the two lengths
+CHECKPOINT: Final = struct.Struct("<2sBBBBIIIHBBQQQdQ32sHH")
+CHECKPOINT_FIXED: Final = CHECKPOINT.size
 
 # Step presence flags.
 STEP_DP_RANK: Final = 1 << 0
@@ -115,6 +149,19 @@ STEP_FLAGS_KNOWN: Final = (1 << 8) - 1
 # Heartbeat presence flags.
 HB_STEP: Final = 1 << 0
 HB_FLAGS_KNOWN: Final = HB_STEP
+# Checkpoint presence flags.
+CK_SHA256: Final = 1 << 0
+CK_SIZE: Final = 1 << 1
+CK_WRITE_MS: Final = 1 << 2
+CK_FLAGS_KNOWN: Final = (1 << 3) - 1
+
+# Wire order of CheckpointEvent.action values: the index is what travels.
+CheckpointAction = Literal["written", "verified", "corrupt", "loaded"]
+CHECKPOINT_ACTIONS: Final[tuple[CheckpointAction, ...]] = (
+    "written", "verified", "corrupt", "loaded")
+CHECKPOINT_ACTION_INDEX: Final[dict[str, int]] = {
+    a: i for i, a in enumerate(CHECKPOINT_ACTIONS)}
+_SHA256_RE: Final = re.compile(r"^[0-9a-f]{64}$")
 
 Bytes = bytes | bytearray | memoryview
 
@@ -159,7 +206,24 @@ class HeartbeatFrame:
     pid: int | None = None
 
 
-Frame = StepFrame | HeartbeatFrame
+@dataclass(frozen=True, slots=True)
+class CheckpointFrame:
+    job_id: str
+    event_time: int
+    rank: int
+    action: CheckpointAction
+    step: int
+    samples_consumed: int
+    path: str
+    sha256: str | None = None  # 64 lowercase hex digits
+    size_bytes: int | None = None
+    write_ms: float | None = None
+    reason: str | None = None
+    binding_epoch: int = 0
+    pid: int | None = None
+
+
+Frame = StepFrame | HeartbeatFrame | CheckpointFrame
 
 
 def check_job_id(job_id: str) -> bytes:
@@ -239,6 +303,41 @@ def pack_heartbeat(buf: bytearray, job_len: int, pid: int, rank: int, binding_ep
         raise ValueError(str(exc)) from None
 
 
+def encode_checkpoint(f: CheckpointFrame) -> bytes:
+    """A checkpoint datagram; ValueError naming the field that does not fit. A reason longer
+    than ``MAX_REASON_BYTES`` is cut (at a character boundary), not refused."""
+    job = check_job_id(f.job_id)
+    if f.action not in CHECKPOINT_ACTION_INDEX:
+        raise ValueError(f"action {f.action!r}: one of {CHECKPOINT_ACTIONS}")
+    path = f.path.encode("utf-8", "replace")  # an undecodable file name: "?" for its bytes
+    if not 1 <= len(path) <= MAX_PATH_BYTES:
+        raise ValueError(f"path: 1..{MAX_PATH_BYTES} UTF-8 bytes, got {len(path)}")
+    reason = b"" if not f.reason else f.reason.encode("utf-8", "replace")
+    if len(reason) > MAX_REASON_BYTES:
+        reason = reason[:MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    flags = 0
+    digest = bytes(32)
+    if f.sha256 is not None:
+        if not isinstance(f.sha256, str) or not _SHA256_RE.fullmatch(f.sha256):
+            raise ValueError(f"sha256: 64 lowercase hex digits, got {f.sha256!r}")
+        digest = bytes.fromhex(f.sha256)
+        flags |= CK_SHA256
+    if f.size_bytes is not None:
+        flags |= CK_SIZE
+    if f.write_ms is not None:
+        flags |= CK_WRITE_MS
+    try:
+        head = CHECKPOINT.pack(
+            MAGIC, VERSION, KIND_CHECKPOINT, len(job), 0, check_u32("pid", f.pid),
+            check_u32("rank", f.rank), check_u32("binding_epoch", f.binding_epoch), flags,
+            CHECKPOINT_ACTION_INDEX[f.action], 0, f.step, f.samples_consumed,
+            f.size_bytes or 0, _f(f.write_ms), f.event_time * 1000, digest, len(path),
+            len(reason))
+    except struct.error as exc:
+        raise ValueError(str(exc)) from None
+    return head + path + reason + job
+
+
 def _f(value: float | None) -> float:
     return 0.0 if value is None else value
 
@@ -257,6 +356,8 @@ def decode(data: Bytes) -> Frame:
         fixed = STEP_FIXED
     elif kind == KIND_HEARTBEAT:
         fixed = HEARTBEAT_FIXED
+    elif kind == KIND_CHECKPOINT:
+        return _decode_checkpoint(data, n, job_len)
     else:
         raise WireError("bad_kind", str(kind))
     if n != fixed + job_len:
@@ -308,3 +409,33 @@ def _decode_heartbeat(data: Bytes, job_id: str) -> HeartbeatFrame:
     return HeartbeatFrame(job_id=job_id, event_time=event_time // 1000, rank=rank,
                           phase=PHASES[phase], step=step if flags & HB_STEP else None,
                           binding_epoch=epoch, pid=pid or None)
+
+
+def _decode_checkpoint(data: Bytes, n: int, job_len: int) -> CheckpointFrame:
+    if n < CHECKPOINT_FIXED:
+        raise WireError("bad_length", f"{n} bytes for a checkpoint")
+    (_, _, _, _, _, pid, rank, epoch, flags, action, _, step, samples, size, write_ms,
+     event_time, digest, path_len, reason_len) = CHECKPOINT.unpack_from(data, 0)
+    if n != CHECKPOINT_FIXED + path_len + reason_len + job_len:
+        raise WireError("bad_length", f"{n} bytes for a checkpoint with path_len {path_len}, "
+                                      f"reason_len {reason_len}, job_len {job_len}")
+    if flags & ~CK_FLAGS_KNOWN:
+        raise WireError("bad_flags", hex(flags))
+    if action >= len(CHECKPOINT_ACTIONS):
+        raise WireError("bad_action", str(action))
+    if not 1 <= path_len <= MAX_PATH_BYTES or reason_len > MAX_REASON_BYTES:
+        raise WireError("bad_length", f"path_len {path_len}, reason_len {reason_len}")
+    start = CHECKPOINT_FIXED
+    try:
+        path = bytes(data[start:start + path_len]).decode("utf-8")
+        reason = bytes(data[start + path_len:start + path_len + reason_len]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError("bad_text", "path or reason is not UTF-8") from None
+    job_id = _job(data, start + path_len + reason_len, n)
+    return CheckpointFrame(
+        job_id=job_id, event_time=event_time // 1000, rank=rank,
+        action=CHECKPOINT_ACTIONS[action], step=step, samples_consumed=samples, path=path,
+        sha256=bytes(digest).hex() if flags & CK_SHA256 else None,
+        size_bytes=size if flags & CK_SIZE else None,
+        write_ms=write_ms if flags & CK_WRITE_MS else None,
+        reason=reason if reason_len else None, binding_epoch=epoch, pid=pid or None)

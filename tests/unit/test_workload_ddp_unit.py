@@ -1,0 +1,62 @@
+"""The reference workload's pure parts: the data stream is a function of (seed, global sample
+index), ranks take disjoint consecutive slices; the CLI refuses bad input before joining."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainguard.workload import ddp
+from trainguard.workload.data import SampleStream
+
+
+def test_the_stream_is_addressed_by_the_global_sample_index() -> None:
+    a, b = SampleStream(5, size=64), SampleStream(5, size=64)
+    xa, ya = a.batch(40, 50)  # crosses the epoch boundary at 64
+    xb1, yb1 = b.batch(40, 24)
+    xb2, yb2 = b.batch(64, 26)
+    assert torch.equal(xa, torch.cat([xb1, xb2])) and torch.equal(ya, torch.cat([yb1, yb2]))
+    other = SampleStream(6, size=64)
+    assert not torch.equal(other.batch(0, 8)[0], a.batch(0, 8)[0])
+
+
+def test_each_epoch_is_a_permutation_of_the_set() -> None:
+    s = SampleStream(1, size=32)
+    for epoch in (0, 1):
+        x, _ = s.batch(epoch * 32, 32)
+        assert sorted(map(tuple, x.tolist())) == sorted(map(tuple, s.x.tolist()))
+    assert not torch.equal(s.batch(0, 32)[0], s.batch(32, 32)[0])  # a new order each pass
+    assert s.epoch_of(31) == 0 and s.epoch_of(32) == 1
+
+
+def test_rank_slices_tile_the_global_batch() -> None:
+    s = SampleStream(0, size=100)
+    world, per_rank, position = 3, 4, 20
+    slices = [s.rank_slice(position, r, per_rank) for r in range(world)]
+    assert slices == [(20, 4), (24, 4), (28, 4)]
+
+
+def test_a_tmp_checkpoint_dir_is_refused_naming_the_flags(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = ddp.main(["--job-id", "j", "--rank", "0", "--world-size", "1", "--master-port", "1",
+                     "--ckpt-dir", "/tmp/tg-refused-ckpt", "--steps", "1"])
+    assert code == ddp.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--ckpt-dir" in err and "--allow-tmp-ckpt" in err
+
+
+@pytest.mark.parametrize(("argv", "env", "needle"), [
+    (["--rank", "2", "--world-size", "2"], "", "--rank 2"),
+    (["--rank", "0", "--world-size", "1", "--steps", "0"], "", "--steps"),
+    (["--rank", "0", "--world-size", "1"], "minus-one", "TRAINGUARD_BINDING_EPOCH"),
+])
+def test_bad_arguments_exit_2_naming_the_field(argv: list[str], env: str, needle: str,
+                                               monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    if env:
+        monkeypatch.setenv(ddp.ENV_BINDING_EPOCH, env)
+    base = ["--job-id", "j", "--master-port", "1", "--ckpt-dir", "/x", "--steps", "1"]
+    with pytest.raises(SystemExit) as info:
+        ddp.main(base + argv)
+    assert info.value.code == ddp.EXIT_USAGE
+    assert needle in capsys.readouterr().err

@@ -1,0 +1,125 @@
+"""A checkpoint's manifest: which files make it, with their SHA-256 and size, and the
+progress it holds. JSON, written last (atomically): a checkpoint directory without a valid
+manifest was never committed. The manifest checks itself too (``manifest_sha256``, over the
+canonical JSON of the other fields), so a flipped bit in it is found like one in a data file.
+Torch-free.
+
+    {"format": 1, "job_id": "J", "step": 120, "samples_consumed": 7680, "world_size": 2,
+     "created_at": <µs since the epoch>,
+     "files": {"state.pt": {"sha256": "...", "size": 1234}, "rank-00000.json": {...}, ...},
+     "manifest_sha256": "..."}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+FORMAT: Final = 1
+MANIFEST_NAME: Final = "MANIFEST.json"
+FILE_NAME_PATTERN: Final = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
+_FILE_RE: Final = re.compile(FILE_NAME_PATTERN)
+_SHA_RE: Final = re.compile(r"^[0-9a-f]{64}$")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be trusted; ``field`` names the first bad field."""
+
+    def __init__(self, field_name: str, reason: str) -> None:
+        super().__init__(f"{field_name}: {reason}")
+        self.field = field_name
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    job_id: str
+    step: int
+    samples_consumed: int
+    world_size: int
+    created_at: int
+    files: Mapping[str, FileEntry] = field(default_factory=dict)
+    format: int = FORMAT
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(e.size for e in self.files.values())
+
+
+def _body(m: Manifest) -> dict[str, Any]:
+    return {"format": m.format, "job_id": m.job_id, "step": m.step,
+            "samples_consumed": m.samples_consumed, "world_size": m.world_size,
+            "created_at": m.created_at,
+            "files": {name: {"sha256": e.sha256, "size": e.size}
+                      for name, e in sorted(m.files.items())}}
+
+
+def _canonical(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode(m: Manifest) -> bytes:
+    """The manifest's bytes (pretty, one trailing newline). ValueError for a bad file name or
+    digest: a manifest that could not be read back is never written."""
+    for name, entry in m.files.items():
+        if not _FILE_RE.fullmatch(name) or name == MANIFEST_NAME:
+            raise ManifestError(f"files.{name}", f"a plain file name matching {FILE_NAME_PATTERN}")
+        if not _SHA_RE.fullmatch(entry.sha256):
+            raise ManifestError(f"files.{name}.sha256", "64 lowercase hex digits")
+    body = _body(m)
+    out = {**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()}
+    return (json.dumps(out, indent=1, sort_keys=True) + "\n").encode()
+
+
+def decode(data: bytes) -> Manifest:
+    """Parse and check a manifest; ``ManifestError`` naming the first bad field."""
+    try:
+        raw = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ManifestError("manifest", f"not JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ManifestError("manifest", "not a JSON object")
+    claimed = raw.pop("manifest_sha256", None)
+    if not isinstance(claimed, str):
+        raise ManifestError("manifest_sha256", "missing")
+    if hashlib.sha256(_canonical(raw)).hexdigest() != claimed:
+        raise ManifestError("manifest_sha256", "does not match the manifest's content")
+    fmt = _int(raw, "format")
+    if fmt != FORMAT:
+        raise ManifestError("format", f"{fmt} is not a format this reader knows ({FORMAT})")
+    job_id = raw.get("job_id")
+    if not isinstance(job_id, str) or not job_id:
+        raise ManifestError("job_id", "a non-empty string")
+    files = raw.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ManifestError("files", "a non-empty object")
+    entries: dict[str, FileEntry] = {}
+    for name, entry in files.items():
+        if not isinstance(name, str) or not _FILE_RE.fullmatch(name) or name == MANIFEST_NAME:
+            raise ManifestError(f"files.{name}", "not a plain file name")
+        if not isinstance(entry, dict):
+            raise ManifestError(f"files.{name}", "not an object")
+        sha = entry.get("sha256")
+        if not isinstance(sha, str) or not _SHA_RE.fullmatch(sha):
+            raise ManifestError(f"files.{name}.sha256", "64 lowercase hex digits")
+        entries[name] = FileEntry(sha, _int(entry, "size", f"files.{name}."))
+    return Manifest(job_id=job_id, step=_int(raw, "step"),
+                    samples_consumed=_int(raw, "samples_consumed"),
+                    world_size=_int(raw, "world_size", minimum=1),
+                    created_at=_int(raw, "created_at"), files=entries, format=fmt)
+
+
+def _int(obj: Mapping[str, Any], key: str, prefix: str = "", minimum: int = 0) -> int:
+    value = obj.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ManifestError(f"{prefix}{key}", f"an int >= {minimum}, got {value!r}")
+    return value

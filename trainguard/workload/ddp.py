@@ -1,0 +1,245 @@
+"""The reference workload: one rank of a real PyTorch DDP job (gloo on CPU; NCCL when CUDA is
+available) training a small MLP on a deterministic, seeded data stream, reporting every step
+through the ``StepReporter`` and checkpointing through the ``CheckpointManager``.
+
+    python -m trainguard.workload.ddp --job-id J --rank R --world-size W \\
+        --master-addr 127.0.0.1 --master-port P --ckpt-dir D [--allow-tmp-ckpt] \\
+        --steps N --ckpt-every K --keep K --seed S [--step-ms FLOOR] [--progress-file F]
+
+Every rank starts by resuming from the newest checkpoint all ranks find valid (a fresh start
+when there is none) and continues at its step + 1 with its data position; ranks run until
+step N. Environment: ``TRAINGUARD_BINDING_EPOCH`` (this replica's binding epoch, default 0),
+``TRAINGUARD_AGENT_SOCKET`` (the node agent's step socket; see ``trainguard.sdk.paths``).
+Save on command: SIGUSR1 to any rank, or create ``<ckpt-dir>/SAVE_NOW``.
+
+Exit codes: 0 all steps done; 2 bad arguments or a refused checkpoint directory; 3 a peer was
+lost (a collective failed, or waited past ``--timeout-s``, default 30 s), or not every rank
+joined within ``--rendezvous-timeout-s`` (default 300 s); 4 a checkpoint could not be written;
+5 the chosen checkpoint could not be loaded (changed after verification, or written by another
+world size or job).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Final, NoReturn
+
+EXIT_OK: Final = 0
+EXIT_USAGE: Final = 2
+EXIT_PEER_LOST: Final = 3
+EXIT_CKPT_WRITE: Final = 4
+EXIT_CKPT_LOAD: Final = 5
+ENV_BINDING_EPOCH: Final = "TRAINGUARD_BINDING_EPOCH"
+
+log = logging.getLogger("trainguard.workload.ddp")
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m trainguard.workload.ddp",
+                                 description="One rank of the reference PyTorch DDP job.")
+    ap.add_argument("--job-id", required=True)
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--master-addr", default="127.0.0.1")
+    ap.add_argument("--master-port", type=int, required=True)
+    ap.add_argument("--ckpt-dir", required=True, help="durable checkpoint directory, shared")
+    ap.add_argument("--allow-tmp-ckpt", action="store_true",
+                    help="allow a checkpoint directory under /tmp or on tmpfs")
+    ap.add_argument("--steps", type=int, required=True, help="run until this step")
+    ap.add_argument("--ckpt-every", type=int, default=0, help="save every K steps (0: never)")
+    ap.add_argument("--keep", type=int, default=3, help="keep the last K checkpoints")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--step-ms", type=float, default=0.0, help="minimum step time (ms)")
+    ap.add_argument("--progress-file", type=Path, default=None, help="per-rank JSONL log")
+    ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
+    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--timeout-s", type=float, default=30.0,
+                    help="collective timeout: a lost or hung peer ends the rank (exit 3)")
+    ap.add_argument("--rendezvous-timeout-s", type=float, default=300.0,
+                    help="how long to wait for every rank to join (exit 3 after it)")
+    ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA exists")
+    return ap
+
+
+def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    if args.world_size < 1 or not 0 <= args.rank < args.world_size:
+        ap.error(f"--rank {args.rank}: must be in 0..--world-size-1 ({args.world_size})")
+    for name in ("steps", "batch"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name}: >= 1, got {getattr(args, name)}")
+    if args.ckpt_every < 0 or args.keep < 1:
+        ap.error("--ckpt-every >= 0 and --keep >= 1")
+    if not args.timeout_s > 0 or not args.rendezvous_timeout_s > 0 or args.step_ms < 0:
+        ap.error("--timeout-s > 0, --rendezvous-timeout-s > 0 and --step-ms >= 0")
+    raw = os.environ.get(ENV_BINDING_EPOCH, "") or "0"
+    try:
+        epoch = int(raw)
+        if epoch < 0:
+            raise ValueError
+    except ValueError:
+        ap.error(f"{ENV_BINDING_EPOCH}={raw!r}: a non-negative integer")
+    return epoch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    epoch = _check(ap, args)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s rank {args.rank} %(levelname)s %(name)s: "
+                               "%(message)s")
+
+    from trainguard.sdk.checkpoint.location import CheckpointLocationError, durable_directory
+
+    try:  # before the rendezvous: a refused directory must not leave peers waiting
+        durable_directory(args.ckpt_dir, allow_tmp=args.allow_tmp_ckpt, setting="--ckpt-dir",
+                          allow_setting="--allow-tmp-ckpt")
+    except CheckpointLocationError as exc:
+        print(f"rank {args.rank}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return _run(args, epoch)
+
+
+def _run(args: argparse.Namespace, epoch: int) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainguard.sdk import StepReporter
+    from trainguard.sdk.checkpoint.collective import TorchCollective
+    from trainguard.sdk.checkpoint.manager import (
+        CheckpointConfig,
+        CheckpointIncompatible,
+        CheckpointManager,
+    )
+    from trainguard.sdk.checkpoint.store import CorruptFile
+    from trainguard.workload.data import SampleStream
+    from trainguard.workload.model import SmallNet
+    from trainguard.workload.progress import ProgressLog
+
+    rank, world = args.rank, args.world_size
+    progress = ProgressLog(args.progress_file, rank=rank, epoch=epoch)
+    reporter = StepReporter(args.job_id, rank, world, dp_rank=rank, pp_stage=0, tp_rank=0,
+                            binding_epoch=epoch)
+    reporter.heartbeat("init")
+
+    def leave(code: int, reason: str) -> NoReturn:
+        """End the rank now: a broken process group cannot be torn down cleanly."""
+        print(f"rank {rank}: {reason}", file=sys.stderr, flush=True)
+        progress.write("exit", code=code, reason=reason[:500])
+        progress.close()
+        reporter.close()
+        sys.stderr.flush()
+        os._exit(code)
+
+    cuda = torch.cuda.is_available() and not args.cpu
+    if cuda:
+        local = rank % torch.cuda.device_count()
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    # DDP's constructor imports torch's compiler stack (dynamo, sympy: seconds of CPU); do it
+    # before joining, so that peers never wait on it inside a timed collective.
+    importlib.import_module("torch._dynamo")
+    try:
+        # Every rank is connected once the store is up (rank 0 waits for all, up to the
+        # rendezvous timeout); from then on, collectives are bounded by --timeout-s.
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # public; stubs do not re-export
+            args.master_addr, args.master_port, world, is_master=rank == 0,
+            timeout=timedelta(seconds=args.rendezvous_timeout_s), wait_for_workers=True)
+        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
+                                world_size=world, timeout=timedelta(seconds=args.timeout_s))
+    except Exception as exc:  # rendezvous timeout, refused connection, port in use
+        leave(EXIT_PEER_LOST, f"cannot join the job: {exc}")
+    config = CheckpointConfig(Path(args.ckpt_dir), every_steps=args.ckpt_every, keep=args.keep,
+                              allow_tmp=args.allow_tmp_ckpt,
+                              setting_names=("--ckpt-dir", "--allow-tmp-ckpt"))
+    manager = CheckpointManager(config, job_id=args.job_id,
+                                collective=TorchCollective(str(device)), sink=reporter)
+    manager.install_request_signal()
+
+    stream = SampleStream(args.seed)
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    model = SmallNet(stream.features, stream.classes).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    try:
+        restored = manager.resume(model, optimizer)
+    except (CorruptFile, CheckpointIncompatible) as exc:
+        leave(EXIT_CKPT_LOAD, f"cannot load the checkpoint: {exc}")
+    except RuntimeError as exc:
+        leave(EXIT_PEER_LOST, f"lost a peer while resuming: {exc}")
+    step = restored.progress.step if restored else 0
+    position = restored.progress.samples_consumed if restored else 0
+    progress.write("start", resumed_from=restored.progress.step if restored else None,
+                   samples_consumed=position,
+                   checkpoint=str(restored.path) if restored else None)
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    global_batch = args.batch * world
+    while step < args.steps:
+        t0 = time.perf_counter()
+        start, count = stream.rank_slice(position, rank, args.batch)
+        x, y = stream.batch(start, count)
+        x, y = x.to(device), y.to(device)
+        t1 = time.perf_counter()
+        try:
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp(x), y)
+            loss.backward()  # the gradient all-reduce: fails or times out when a peer is lost
+            optimizer.step()
+            loss_value = float(loss.item())
+        except RuntimeError as exc:
+            leave(EXIT_PEER_LOST, f"lost a peer at step {step + 1}: {exc}")
+        t2 = time.perf_counter()
+        step += 1
+        position += global_batch
+        floor_s = args.step_ms / 1000 - (time.perf_counter() - t0)
+        if floor_s > 0:
+            time.sleep(floor_s)
+        reporter.step(step, position, compute_ms=(t2 - t1) * 1000,
+                      data_wait_ms=(t1 - t0) * 1000,
+                      step_ms=(time.perf_counter() - t0) * 1000, loss=loss_value)
+        progress.write("step", step=step, samples_consumed=position,
+                       data_epoch=stream.epoch_of(position - 1), loss=loss_value)
+        try:
+            due = manager.due(step)
+        except RuntimeError as exc:
+            leave(EXIT_PEER_LOST, f"lost a peer at step {step}: {exc}")
+        if due:
+            reporter.heartbeat("checkpoint")
+            try:
+                manager.save(step, position, model, optimizer,
+                             extra={"seed": args.seed, "batch": args.batch})
+            except OSError as exc:
+                leave(EXIT_CKPT_WRITE, f"cannot write the checkpoint of step {step}: {exc}")
+            except RuntimeError as exc:
+                leave(EXIT_PEER_LOST, f"lost a peer while checkpointing step {step}: {exc}")
+            progress.write("checkpoint", step=step, samples_consumed=position)
+    manager.close()
+    progress.write("exit", code=EXIT_OK, reason="done")
+    progress.close()
+    reporter.close()
+    dist.destroy_process_group()
+    return EXIT_OK
+
+
+def run_and_exit(argv: list[str] | None = None) -> NoReturn:
+    """``main``, then ``os._exit``: once the process group is destroyed and the logs closed,
+    the interpreter's teardown of the compiler stack DDP imports lazily (dynamo, sympy) takes
+    seconds and does nothing this rank needs."""
+    code = main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run_and_exit()
