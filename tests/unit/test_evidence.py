@@ -1,0 +1,210 @@
+"""Evidence checks on synthetic drill logs: a clean recovery is concluded "recovered
+automatically" only with events cited; each thing a bad recovery gets wrong is caught by the
+check that owns it and moves the conclusion away from "recovered"."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainguard.drills.evidence import Check, Conclusion, EvidenceInput, evaluate
+from trainguard.drills.evidence.conclusion import conclude
+from trainguard.drills.evidence.evaluate import Evaluation
+from trainguard.drills.evidence.model import Artifacts, Status
+from trainguard.drills.scenario import Expect
+from trainguard.drills.synth import JOB, Knobs, synth_drill
+
+EXPECT = Expect(verdicts=("process_exit",), actions=("migrate",), resumed=True,
+                incident="recovered")
+
+
+def run(k: Knobs | None = None, expect: Expect = EXPECT, tol: float = 1e-3,
+        artifacts: Any = "synth", baseline: Any = "synth") -> Evaluation:
+    events, b, a = synth_drill(k or Knobs())
+    return evaluate(EvidenceInput(JOB, events, expect, tol, 10,
+                                  b if baseline == "synth" else baseline,
+                                  a if artifacts == "synth" else artifacts))
+
+
+def status(ev: Evaluation, name: str) -> Status:
+    return next(c.status for c in ev.checks if c.name == name)
+
+
+def test_a_clean_recovery_is_recovered_automatically_with_every_pass_citing_events() -> None:
+    ev = run()
+    assert ev.conclusion is Conclusion.RECOVERED_AUTOMATICALLY, ev.reasons
+    kinds = {c.kind for c in ev.checks}
+    assert kinds == {"progress", "resources", "results"}
+    for c in ev.checks:
+        assert c.status is Status.PASS, (c.name, c.detail)
+        assert c.event_ids and len(c.event_ids) == len(c.times)
+    resumed = next(c for c in ev.checks if c.name == "resumed_from_last_valid_checkpoint")
+    assert "first step is 21 at position 1344 = checkpoint step 20" in resumed.detail
+    assert all(c.status is Status.PASS for c in ev.expectations)
+    assert ev.timings["steps_redone"] == 5  # steps 21..25 ran twice: lost work, not data
+    assert ev.timings["detected_s"] == pytest.approx(0.002)
+
+
+@pytest.mark.parametrize(("knobs", "check", "want", "conclusion"), [
+    ({"resume_offset": -3}, "resumed_from_last_valid_checkpoint", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"resume_offset": -3}, "no_step_repeated_beyond_checkpoint", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"resume_offset": 4}, "no_step_skipped", Status.FAIL, Conclusion.NEEDS_MANUAL_RESTART),
+    ({"position_offset": 32}, "no_data_consumed_twice", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"from_zero": True}, "not_restarted_from_zero", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"duplicate": True}, "no_duplicate_replica", Status.FAIL, Conclusion.NEEDS_MANUAL_RESTART),
+    ({"no_fence": True}, "old_replica_stopped_before_new_started", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"bind_before_fence": True}, "old_replica_stopped_before_new_started", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"temp_left": True}, "old_resources_released", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"cpus_changed": True}, "new_binding_kept_quota_and_permissions", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"uid_changed": True}, "new_binding_kept_quota_and_permissions", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+    ({"loss_drift": 0.05}, "loss_within_tolerance_of_baseline", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_CONFIRMATION),
+    ({"broken_file": True}, "checkpoint_files_intact", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_CONFIRMATION),
+    ({"lose_report": True}, "no_step_skipped", Status.UNEXPLAINED, Conclusion.RETEST),
+    ({"no_resume": True}, "progressed_after_fault", Status.FAIL,
+     Conclusion.NEEDS_MANUAL_RESTART),
+])
+def test_each_bad_recovery_is_caught(knobs: dict[str, Any], check: str, want: Status,
+                                     conclusion: Conclusion) -> None:
+    ev = run(Knobs(**knobs))
+    assert status(ev, check) is want, [(c.name, c.status, c.detail) for c in ev.checks]
+    assert ev.conclusion is conclusion, ev.reasons
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_and_explained() -> None:
+    k = Knobs(corrupt_newest=True)
+    ev = run(k, dataclasses.replace(EXPECT, checkpoint_corrupt=True))
+    assert ev.conclusion is Conclusion.RECOVERED_AUTOMATICALLY, ev.reasons
+    detail = next(c.detail for c in ev.checks if c.name == "resumed_from_last_valid_checkpoint")
+    assert "checkpoint step 10" in detail and "corrupt checkpoint(s) [20] skipped" in detail
+    # resuming from the corrupt one anyway is caught
+    bad = run(dataclasses.replace(k, ignore_corrupt=True),
+              dataclasses.replace(EXPECT, checkpoint_corrupt=True))
+    assert status(bad, "resumed_from_last_valid_checkpoint") is Status.FAIL
+    # a corruption nobody injected is not silently accepted
+    unexpected = run(k)
+    assert unexpected.conclusion is Conclusion.NEEDS_MANUAL_CONFIRMATION
+    assert any("checkpoint_corrupt" in r for r in unexpected.reasons)
+
+
+def test_no_baseline_or_no_disk_inspection_means_retest() -> None:
+    assert run(baseline=None).conclusion is Conclusion.RETEST
+    ev = run(artifacts=None)
+    assert ev.conclusion is Conclusion.RETEST
+    assert status(ev, "checkpoint_files_intact") is Status.UNEXPLAINED
+
+
+def test_an_unexpected_path_needs_manual_confirmation_even_when_evidence_passes() -> None:
+    ev = run(expect=dataclasses.replace(EXPECT, actions=("raise_quota",)))
+    assert ev.conclusion is Conclusion.NEEDS_MANUAL_CONFIRMATION
+    assert any("action:raise_quota" in r for r in ev.reasons)
+
+
+def test_an_unrecoverable_job_is_called_so() -> None:
+    events, b, _ = synth_drill(Knobs(no_resume=True))
+    gone = Artifacts(checkpoints=(), temp_files=(), max_live_replicas={0: 1, 1: 1})
+    ev = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, gone))
+    assert ev.conclusion is Conclusion.UNRECOVERABLE, ev.reasons
+
+
+def test_a_census_that_saw_two_live_processes_fails_the_duplicate_check() -> None:
+    events, b, a = synth_drill(Knobs())
+    seen = dataclasses.replace(a, max_live_replicas={0: 1, 1: 2})
+    ev = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, seen))
+    assert status(ev, "no_duplicate_replica") is Status.FAIL
+
+
+def test_conclude_never_passes_on_green_alone() -> None:
+    green = [Check(k, f"{k}-x", Status.PASS, "ok") for k in ("progress", "resources",
+                                                              "results")]
+    got, why = conclude(green, [], escalated=False, unrecoverable=False)
+    assert got is Conclusion.RETEST and "without citing an event" in why[0]
+    cited = [dataclasses.replace(c, event_ids=("e1",), times=(1,)) for c in green]
+    got, _ = conclude(cited, [], escalated=False, unrecoverable=False)
+    assert got is Conclusion.RETEST  # no progressed_after_fault among them
+    nothing = [Check(k, "n", Status.NOT_APPLICABLE, "-") for k in ("progress", "resources",
+                                                                   "results")]
+    assert conclude(nothing, [], escalated=False, unrecoverable=False)[0] is Conclusion.RETEST
+    assert conclude(cited[:2], [], escalated=False, unrecoverable=False)[0] is Conclusion.RETEST
+
+
+def test_evaluation_round_trips_through_json_dicts() -> None:
+    ev = run(Knobs(corrupt_newest=True))
+    assert Evaluation.from_dict(ev.to_dict()) == ev
+
+
+MUTATIONS: list[dict[str, Any]] = [
+    {"resume_offset": -2}, {"resume_offset": 2}, {"position_offset": 64}, {"from_zero": True},
+    {"duplicate": True}, {"no_fence": True}, {"bind_before_fence": True},
+    {"loss_drift": 0.5}, {"broken_file": True}, {"temp_left": True}, {"cpus_changed": True},
+    {"uid_changed": True}, {"no_resume": True}, {"lose_report": True},
+]
+
+
+@st.composite
+def clean_knobs(draw: st.DrawFn) -> Knobs:
+    world = draw(st.integers(1, 4))
+    every = draw(st.integers(1, 8))
+    before = draw(st.integers(every + 1, 30))
+    return Knobs(world=world, ckpt_every=every, steps_before=before,
+                 steps_after=draw(st.integers(10, 25)), batch=draw(st.integers(1, 64)),
+                 victim=draw(st.integers(0, world - 1)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(clean_knobs(), st.randoms(use_true_random=False))
+def test_any_clean_recovery_is_recovered_and_order_does_not_matter(k: Knobs,
+                                                                   rnd: random.Random) -> None:
+    events, b, a = synth_drill(k)
+    ev = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, a))
+    assert ev.conclusion is Conclusion.RECOVERED_AUTOMATICALLY, ev.reasons
+    shuffled = list(events)
+    rnd.shuffle(shuffled)
+    assert evaluate(EvidenceInput(JOB, shuffled, EXPECT, 1e-3, 10, b, a)) == ev
+
+
+@settings(max_examples=80, deadline=None)
+@given(clean_knobs(), st.sampled_from(MUTATIONS))
+def test_no_broken_recovery_is_ever_called_recovered(k: Knobs, mutation: dict[str, Any]) -> None:
+    if mutation.get("resume_offset", 0) < 0 and k.ckpt_every + mutation["resume_offset"] < 0:
+        mutation = {"resume_offset": -1}
+    if mutation.get("lose_report") and k.world == 1:
+        mutation = {"no_fence": True}
+    events, b, a = synth_drill(dataclasses.replace(k, **mutation))
+    ev = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, a))
+    assert ev.conclusion is not Conclusion.RECOVERED_AUTOMATICALLY, (mutation, ev.reasons)
+
+
+def test_other_jobs_events_are_ignored() -> None:
+    events, b, a = synth_drill(Knobs())
+    other = [e.model_copy(update={"job_id": "other", "event_id": "x" + e.event_id})
+             for e in events if e.type == "step.report"][:5]
+    moved = [e.model_copy(update={"event_time": e.event_time + 1}) for e in other]
+    base = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, a))
+    assert evaluate(EvidenceInput(JOB, events + moved, EXPECT, 1e-3, 10, b, a)) == base
+
+
+def test_a_rank_bound_again_on_the_lost_node_is_not_recovered() -> None:
+    events, b, a = synth_drill(Knobs())
+    ok = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, a, lost_node="elsewhere"))
+    assert ok.conclusion is Conclusion.RECOVERED_AUTOMATICALLY
+    # every synthetic unit sits on node "n": losing it and binding there again is caught
+    lost = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, a, lost_node="n"))
+    check = next(c for c in lost.expectations if c.name == "nothing_rebound_on:n")
+    assert check.status is Status.FAIL and "rank 0 on u0" in check.detail
+    assert lost.conclusion is Conclusion.NEEDS_MANUAL_CONFIRMATION

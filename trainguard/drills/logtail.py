@@ -1,0 +1,118 @@
+"""Reading the event log during and after a drill: a background follower for the live view
+(stop conditions, progress) and a full read of one job's recorded events for the evidence."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.producer import EventProducer
+from trainguard.events.codec import decode, encode
+from trainguard.events.envelope import Event
+from trainguard.events.topics import TopicRole
+
+# A job's timeline: everything but node telemetry (keyed by node, never by job) and dead letters.
+ROLES = [r for r in TopicRole if r not in (TopicRole.DLQ, TopicRole.TELEMETRY)]
+
+
+class LogTail(threading.Thread):
+    """Follows every topic of the prefix from the start, keeping ``job_id``'s events. Rides
+    through broker outages (the client reconnects)."""
+
+    def __init__(self, cfg: KafkaConfig, job_id: str) -> None:
+        super().__init__(daemon=True, name=f"logtail-{job_id}")
+        self.cfg, self.job_id = cfg, job_id
+        self._events: list[Event] = []
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        try:
+            asyncio.run(self._follow())
+        except Exception as exc:  # reported by the runner, never raised into it
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    async def _follow(self) -> None:
+        consumer = EventConsumer(self.cfg, ROLES, group_id=None, name="drill-tail", dlq=None)
+        await consumer.start()
+        try:
+            while not self._halt.is_set():
+                try:
+                    batch = await consumer.poll(timeout_ms=300)
+                except Exception:
+                    await asyncio.sleep(0.5)  # the broker is away: try again
+                    continue
+                mine = [d.event for d in batch if d.event.job_id == self.job_id]
+                if mine:
+                    with self._lock:
+                        self._events.extend(mine)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(consumer.stop(), 10)
+
+    def events(self) -> list[Event]:
+        with self._lock:
+            return list(self._events)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=20)
+
+
+async def _read(cfg: KafkaConfig, job_id: str, limit_s: float) -> list[Event]:
+    consumer = EventConsumer(cfg, ROLES, group_id=None, name="drill-record", dlq=None)
+    await consumer.start()
+    try:
+        got = await consumer.drain(idle_ms=1500, limit_s=limit_s)
+    finally:
+        await consumer.stop()
+    return sorted((d.event for d in got if d.event.job_id == job_id),
+                  key=lambda e: (e.event_time, e.event_id))
+
+
+def read_job_log(cfg: KafkaConfig, job_id: str, limit_s: float = 90.0) -> list[Event]:
+    """Every event of ``job_id`` on the log, in event-time order."""
+    return asyncio.run(asyncio.wait_for(_read(cfg, job_id, limit_s), limit_s + 30))
+
+
+def publish(cfg: KafkaConfig, events: Sequence[Event], timeout_s: float = 10.0) -> bool:
+    """Send and wait for the acks; False (nothing raised) when the broker is away."""
+    async def send() -> None:
+        producer = EventProducer(cfg, request_timeout_ms=int(timeout_s * 1000))
+        await producer.start()
+        try:
+            for e in events:
+                await producer.send(e)
+        finally:
+            await producer.stop()
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        asyncio.run(asyncio.wait_for(send(), timeout_s))
+    except Exception:
+        return False
+    return True
+
+
+def write_jsonl(path: Path, events: Sequence[Event]) -> None:
+    with open(path, "wb") as fh:
+        for e in events:
+            fh.write(encode(e) + b"\n")
+
+
+def read_jsonl(path: Path) -> list[Event]:
+    """A recorded log, every line validated against the contract (a bad line raises)."""
+    out = []
+    with open(path, "rb") as fh:
+        for line in fh:
+            if line.strip():
+                out.append(decode(line))
+    return out

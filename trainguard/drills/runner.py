@@ -1,0 +1,465 @@
+"""Running scenarios on the whole local loop, for real.
+
+For each scenario: a loop-mounted ext4 for its checkpoints, the job spec, the actuator (which
+launches the job), a census of the rank processes and a follower of the log; wait for the
+preconditions; freeze the baseline archives; inject (an ``injection`` event per act); hold for
+the duration, then roll back; observe until the job is stable again (or a stop condition holds:
+abort and roll back); stop the job; verify the checkpoint directory; record the job's log.
+After every scenario, one fault-free baseline run of the same job (as many steps as the drills
+reached) gives the losses to compare with; then each scenario is evaluated and reported.
+
+Layout of a run directory (``$TRAINGUARD_STATE/drills/<run id>/``)::
+
+    run.json                          which scenarios, when, the job, the conclusions
+    baseline.json                     the baseline run's losses (per rank and step)
+    <scenario>/archive.json           the five archives + window + artifacts + abort reason
+    <scenario>/events.jsonl           the job's recorded log (every event, validated)
+    <scenario>/evaluation.json        checks, expectations, timings, conclusion
+    <scenario>/report.md|html         written by `trainguard drill report`
+    <scenario>/logs, ranks, progress  service and rank output
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainguard.dev.kafka import KafkaBroker
+from trainguard.dev.paths import state_dir
+from trainguard.drills.baseline import code_version, freeze, load_or_run_baseline, runtime
+from trainguard.drills.evidence import EvidenceInput, evaluate
+from trainguard.drills.evidence.evaluate import Evaluation
+from trainguard.drills.evidence.model import Artifacts, Baseline
+from trainguard.drills.injectors.base import Acted, InjectionError, Injector
+from trainguard.drills.injectors.build import Target, build
+from trainguard.drills.injectors.storage import LoopFs
+from trainguard.drills.job import NODE_LABEL, DrillJob
+from trainguard.drills.live import stable, steady, stop_reason, view
+from trainguard.drills.logtail import LogTail, publish, read_job_log, write_jsonl
+from trainguard.drills.observe import Census, collect_settled
+from trainguard.drills.scenario import FAULT_KINDS, Fault, Scenario
+from trainguard.drills.stack import LocalStack
+from trainguard.events.clock import now_us
+from trainguard.events.codec import make_event
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.ids import new_event_id
+from trainguard.events.payloads import Injection
+from trainguard.netlab import VethLab
+
+Say = Callable[[str], None]
+SOURCE = "trainguard-drill"
+# Link faults act on the veth between the drill's namespaces, where the ranks then run; a
+# Toxiproxy latency cannot sit inside gloo's full mesh, so it is checked at the injector level.
+def not_injectable(s: Scenario) -> str | None:
+    if s.fault.kind == "link" and s.fault.params.get("mode") == "latency":
+        return ("Toxiproxy latency/jitter needs a TCP proxy on the path; gloo's full mesh of "
+                "rank-to-rank connections cannot be proxied, so this scenario is verified at "
+                "the injector level only (tests/drill/test_injectors.py); link loss, "
+                "throttle and down/flap run on the job's own path")
+    return None
+
+
+class Aborted(RuntimeError):
+    pass
+
+
+def runs_root() -> Path:
+    return state_dir() / "drills"
+
+
+@dataclass
+class Recorder:
+    """The drill's own events: published to the log (retried while the broker is away) and
+    kept in ``injections.jsonl``."""
+
+    stack: LocalStack
+    job_id: str
+    drill_id: str
+    scenario: str
+    path: Path
+    pending: list[Event] = field(default_factory=list)
+    sent: list[Event] = field(default_factory=list)
+
+    def note(self, fault: Fault, phase: str, acted: Acted, extra: dict[str, Any] | None = None
+             ) -> Event:
+        params = dict(acted.params)
+        params.update(extra or {})
+        event = make_event(
+            Injection(drill_id=self.drill_id, scenario=self.scenario, fault=fault.kind,
+                      phase=phase,
+                      target=fault.target, params=params),
+            event_id=new_event_id(), job_id=self.job_id, event_time=acted.at_us,
+            source=SOURCE, subject=Subject(rank=fault.rank, node=self.stack.node))
+        with open(self.path, "ab") as fh:
+            fh.write(event.model_dump_json(exclude_none=True).encode() + b"\n")
+        self.pending.append(event)
+        self.flush()
+        return event
+
+    def flush(self, timeout_s: float = 8.0) -> bool:
+        if not self.pending:
+            return True
+        if self.stack.broker.running() is None:
+            return False
+        if publish(self.stack.config(), self.pending, timeout_s):
+            self.sent += self.pending
+            self.pending = []
+            return True
+        return False
+
+
+@dataclass
+class ScenarioRun:
+    scenario: Scenario
+    job_id: str
+    dir: Path
+    abort: str | None = None
+    max_step: int = 0
+    archive: dict[str, Any] = field(default_factory=dict)
+
+
+class Progress:
+    """One line per scenario phase; on a terminal, a bar redrawn in place."""
+
+    def __init__(self, say: Say, total_s: float) -> None:
+        self.say, self.total_s = say, total_s
+        self.t0 = time.monotonic()
+        self.tty = sys.stdout.isatty()
+        self.last: tuple[str, str] = ("", "")
+        self.said = 0.0
+
+    def show(self, name: str, phase: str, detail: str) -> None:
+        el = time.monotonic() - self.t0
+        frac = min(1.0, el / self.total_s)
+        bar = "#" * int(frac * 20) + "." * (20 - int(frac * 20))
+        line = f"[{name}] [{bar}] {el:5.0f}s {phase}: {detail}"
+        if self.tty:
+            sys.stdout.write("\r" + line[:150].ljust(150))
+            sys.stdout.flush()
+        elif phase != self.last[0] or time.monotonic() - self.said > 15:
+            self.say(line)
+            self.said = time.monotonic()
+        self.last = (phase, detail[:20])
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stdout.write("\n")
+
+
+def _wait(seconds: float, tick: Callable[[], None], step_s: float = 0.5) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        tick()
+        time.sleep(min(step_s, max(0.0, end - time.monotonic())))
+
+
+def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
+            run_id: str, say: Say, signer: str) -> ScenarioRun:
+    job_id = f"{scenario.name}-{run_id}"
+    sdir = run_dir / scenario.name
+    sdir.mkdir(parents=True, exist_ok=True)
+    res = ScenarioRun(scenario, job_id, sdir)
+    if Path(scenario.source).is_file():  # the scenario as run: verify and report read this
+        (sdir / "scenario.yaml").write_text(Path(scenario.source).read_text())
+    bar = Progress(say, scenario.observe.timeout_s + scenario.duration_s + 90)
+    lab = _lab(scenario, job, sdir)
+    with LoopFs(sdir / "ckpt.img", sdir / "ckpt") as fs, lab or contextlib.nullcontext():
+        ckpt = fs.mountpoint / "job"
+        ckpt.mkdir()
+        spec_text = job.write_spec(sdir / "job.yaml", job_id=job_id, ckpt_dir=ckpt,
+                                   run_dir=sdir, node=stack.node,
+                                   agent_socket=stack.agent_socket,
+                                   netns=(sdir / "netns.json", lab.addr_a) if lab else None)
+        census = Census(job_id)
+        census.start()
+        tail = LogTail(stack.config("trainguard-drill-tail"), job_id)
+        tail.start()
+        rec = Recorder(stack, job_id, run_id, scenario.name, sdir / "injections.jsonl")
+        injectors: list[tuple[Fault, Injector]] = []
+        undone = False
+        artifacts: Artifacts | None = None
+        try:
+            stack.start_actuator(job_id, sdir / "job.yaml", launch=True)
+            _preconditions(scenario, job, tail, bar)
+            res.archive = freeze(run_id=run_id, scenario=scenario, job=job, job_id=job_id,
+                                 spec_text=spec_text, ckpt_dir=ckpt, events=tail.events(),
+                                 signer=signer, code=code_version(), rt=runtime())
+            base_epoch = view(tail.events()).epoch
+            window_open = now_us() - int(scenario.observe.before_s * 1e6)
+            node_ranks = _node_ranks(job)
+            target = Target(pids=census.pids, node_ranks=node_ranks, ckpt_root=ckpt,
+                            mountpoint=fs.mountpoint, image=fs.image, broker=stack.broker,
+                            tag=run_id, lab=lab)
+            inj = build(scenario.fault, target, scenario.rollback.action)
+            acted = inj.inject()
+            injectors.append((scenario.fault, inj))
+            rec.note(scenario.fault, "start", acted)
+            fault_us = acted.at_us
+            bar.show(scenario.name, "injected", f"{scenario.fault.kind} {acted.params}")
+            if scenario.trigger is not None:
+                trig = build(scenario.trigger, target)
+                rec.note(scenario.trigger, "start", trig.inject(),
+                         {"trigger_for": scenario.fault.kind})
+                injectors.append((scenario.trigger, trig))
+            last_progress = [now_us(), 0]
+
+            def check() -> None:
+                for name in stack.revive():
+                    res.archive.setdefault("services_revived", []).append(
+                        {"service": name, "at_us": now_us()})
+                v = view(tail.events(), base_epoch=base_epoch)
+                if v.max_step > last_progress[1]:
+                    last_progress[:] = [now_us(), v.max_step]
+                reason = stop_reason(scenario.stop_conditions, v, now_us=now_us(),
+                                     fault_us=fault_us, last_progress_us=last_progress[0],
+                                     max_live=census.max_live)
+                if reason:
+                    raise Aborted(reason)
+                bar.show(scenario.name, "observing", f"epoch {v.epoch} step {v.max_step} "
+                         f"restarts {v.epochs_after}")
+
+            _wait(scenario.duration_s, check)
+            if scenario.duration_s > 0:
+                _undo(injectors, rec, "stop")
+                undone = True
+            fault_end = now_us()
+            deadline = time.monotonic() + scenario.observe.timeout_s
+            while True:
+                check()
+                if stable(view(tail.events(), since_us=fault_end), job.world,
+                          scenario.observe.settle_steps):
+                    break
+                if time.monotonic() > deadline:
+                    raise Aborted(f"timeout: not stable {scenario.observe.timeout_s:g} s "
+                                  "after the fault")
+                time.sleep(0.5)
+            bar.show(scenario.name, "stable", "letting the last events land")
+            _wait(6.0, lambda: None)
+        except (Aborted, InjectionError) as exc:
+            res.abort = f"{type(exc).__name__}: {exc}"
+            bar.show(scenario.name, "aborted", str(exc))
+        finally:
+            held = FAULT_KINDS[scenario.fault.kind].held
+            if injectors and not undone and (held or res.abort):
+                try:
+                    _undo(injectors, rec, "rollback" if res.abort else "stop")
+                except InjectionError as exc:
+                    res.abort = (res.abort or "") + f"; rollback failed: {exc}"
+            try:  # on disk as the window closes (the job may still be saving)
+                artifacts = collect_settled(ckpt, census)
+            except OSError as exc:
+                res.abort = (res.abort or "") + f"; checkpoint directory unreadable: {exc}"
+            window_close = now_us()  # the teardown below is not part of the drill
+            stack.stop(f"actuator-{job_id}")
+            _stop_job(census)
+            _remove_cgroups(job_id)
+            census.stop()
+            tail.stop()
+            rec.flush(30)
+            bar.done()
+        res.archive.setdefault("run_id", run_id)
+        res.archive["window"] = {"opened_us": locals().get("window_open"),
+                                 "closed_us": window_close}
+        res.archive["artifacts"] = artifacts.to_dict() if artifacts else None
+        res.archive["abort"] = res.abort
+        res.archive["unsent_injections"] = len(rec.pending)
+    events = read_job_log(stack.config("trainguard-drill-record"), job_id)
+    write_jsonl(sdir / "events.jsonl", events)
+    res.max_step = max((getattr(e.payload, "step", 0) for e in events
+                        if e.type == "step.report"), default=0)
+    (sdir / "archive.json").write_text(json.dumps(res.archive, indent=1, sort_keys=True))
+    return res
+
+
+def _lab(scenario: Scenario, job: DrillJob, sdir: Path) -> VethLab | None:
+    """For a link scenario: two namespaces joined by veth, node-a's units in ``a``, node-b's
+    in ``b``; the map the ranks' wrapper reads."""
+    if scenario.fault.kind != "link":
+        return None
+    lab = VethLab(uuid.uuid4().hex[:6], gso_max_segs=1)
+    mapping = {u["name"]: ([lab.a.name, lab.dev_a] if u["labels"][NODE_LABEL] == "node-a"
+                           else [lab.b.name, lab.dev_b]) for u in job.units()}
+    (sdir / "netns.json").write_text(json.dumps(mapping))
+    return lab
+
+
+def _undo(injectors: list[tuple[Fault, Injector]], rec: Recorder, phase: str) -> None:
+    for fault, inj in reversed(injectors):
+        rec.note(fault, phase, inj.undo())
+
+
+def _node_ranks(job: DrillJob) -> Callable[[str], set[int]]:
+    def ranks(node: str) -> set[int]:
+        return {int(u["rank"]) for u in job.units()
+                if u.get("rank") is not None and u["labels"][NODE_LABEL] == node}
+    return ranks
+
+
+def _preconditions(scenario: Scenario, job: DrillJob, tail: LogTail, bar: Progress,
+                   timeout_s: float = 240.0) -> None:
+    pre = scenario.preconditions
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = steady(view(tail.events()), job.world, pre.steady_steps, pre.checkpoints,
+                         pre.spares)
+        if missing is None:
+            return
+        if time.monotonic() > deadline:
+            raise Aborted(f"preconditions not met in {timeout_s:.0f} s: {missing}")
+        bar.show(scenario.name, "waiting for", missing)
+        time.sleep(0.5)
+
+
+def _remove_cgroups(job_id: str) -> None:
+    """The job's unit cgroups the actuator made (``trainguard/<job>-<unit>``), now empty."""
+    from trainguard.actuators import cgroups
+
+    try:
+        root, _ = cgroups.cpu_controller()
+    except cgroups.CgroupError:
+        return
+    for path in (root / "trainguard").glob(f"{job_id}-*"):
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+
+
+def _stop_job(census: Census) -> None:
+    """The job's rank processes (found by the census: started by this drill's actuator)."""
+    for _ in range(3):
+        pids = census.pids()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(1.0)
+        census.sample()
+
+
+def recorded_scenario(sdir: Path, name: str, source: str) -> Scenario:
+    """The scenario as it was run (its copy in the run), else its source, else the built-in."""
+    from trainguard.drills.scenario import load_scenario, resolve
+
+    for path in (sdir / "scenario.yaml", Path(source)):
+        if path.is_file():
+            return load_scenario(path)
+    return resolve([name])[0]
+
+
+def recorded_events(sdir: Path, archive: dict[str, Any]) -> list[Event]:
+    """The scenario's recorded log up to the end of its observation window (the drill's own
+    teardown, stopping the job, comes after and is not evidence)."""
+    from trainguard.drills.logtail import read_jsonl
+
+    close = (archive.get("window") or {}).get("closed_us")
+    return [e for e in read_jsonl(sdir / "events.jsonl")
+            if close is None or e.event_time <= close]
+
+
+def evaluate_run(sdir: Path, scenario: Scenario, baseline: Baseline | None) -> Evaluation:
+    """The evaluation of one recorded scenario from its files alone (used by verify too)."""
+    archive = json.loads((sdir / "archive.json").read_text())
+    events = recorded_events(sdir, archive)
+    art = archive.get("artifacts")
+    job_id = archive.get("task", {}).get("job_id") or f"{scenario.name}-{archive['run_id']}"
+    return evaluate(EvidenceInput(job_id=job_id, events=events, expect=scenario.expect,
+                                  loss_tolerance=scenario.tolerance.loss_abs,
+                                  settle_steps=scenario.observe.settle_steps,
+                                  baseline=baseline,
+                                  artifacts=Artifacts.from_dict(art) if art else None,
+                                  lost_node=scenario.fault.node
+                                  if scenario.fault.kind == "node_loss" else None))
+
+
+def run_drills(scenarios: Sequence[Scenario], *, job: DrillJob | None = None,
+               root: Path | None = None, say: Say = print, signer: str = "unsigned",
+               run_id: str | None = None) -> Path:
+    """Run the scenarios on one local stack; returns the run directory."""
+    job = job or DrillJob()
+    run_id = run_id or time.strftime("%Y%m%d%H%M%S") + uuid.uuid4().hex[:4]
+    run_dir = (root or runs_root()) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {"run_id": run_id, "started_at": now_us(), "job": job.to_dict(),
+                            "scenarios": {}, "code_version": code_version()}
+    runnable = [s for s in scenarios if not_injectable(s) is None]
+    for s in scenarios:
+        why = not_injectable(s)
+        if why is not None:
+            meta["scenarios"][s.name] = {"conclusion": None, "not_run": why,
+                                         "source": s.source}
+    results: list[ScenarioRun] = []
+    if runnable:
+        # the drills' own broker: an outage drill must never stop anybody else's
+        broker = KafkaBroker(runs_root() / "kafka")
+        with LocalStack(run_dir / "stack", prefix=f"drill{run_id}", say=say,
+                        broker=broker) as stack:
+            stack.start_services()
+            try:
+                for s in runnable:
+                    stack.revive()
+                    say(f"[drill] {s.name} (round {s.round}): {s.title}")
+                    results.append(run_one(stack, s, job, run_dir, run_id, say, signer))
+            except KeyboardInterrupt:
+                say("[drill] interrupted: evaluating the scenarios that ran")
+                meta["interrupted"] = True
+            meta["services_revived"] = [{"service": n, "exit": c} for n, c in stack.revived]
+    finalize(run_dir, results, meta, job, say)
+    return run_dir
+
+
+def finalize(run_dir: Path, results: Sequence[ScenarioRun], meta: dict[str, Any],
+             job: DrillJob, say: Say) -> None:
+    """The baseline run, then each recorded scenario's evaluation, then ``run.json``."""
+    need = max((r.max_step for r in results), default=0) + 5
+    baseline: Baseline | None = None
+    if results:
+        say(f"[drill] baseline: the same job, fault-free, {need} steps")
+        try:
+            baseline, bpath = load_or_run_baseline(job, runs_root() / "baselines", need)
+            (run_dir / "baseline.json").write_text(bpath.read_text())
+        except RuntimeError as exc:
+            say(f"[drill] baseline failed: {exc}")
+    for r in results:
+        ev = evaluate_run(r.dir, r.scenario, baseline)
+        (r.dir / "evaluation.json").write_text(json.dumps(ev.to_dict(), indent=1))
+        meta["scenarios"][r.scenario.name] = {"conclusion": ev.conclusion.value,
+                                              "abort": r.abort, "source": r.scenario.source,
+                                              "job_id": r.job_id}
+        say(f"[drill] {r.scenario.name}: {ev.conclusion.value}"
+            + (f" (aborted: {r.abort})" if r.abort else ""))
+    meta["finished_at"] = now_us()
+    (run_dir / "run.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
+
+
+def finalize_recorded(run_dir: Path, job: DrillJob | None = None, say: Say = print) -> None:
+    """Evaluate the scenarios a run recorded (``archive.json`` + ``events.jsonl``) when the
+    run itself did not get to (interrupted): same baseline, same evaluation."""
+    job = job or DrillJob()
+    results = []
+    for sdir in sorted(p for p in run_dir.iterdir() if (p / "events.jsonl").exists()
+                       and (p / "archive.json").exists()):
+        archive = json.loads((sdir / "archive.json").read_text())
+        scen = recorded_scenario(sdir, sdir.name, archive.get("scenario", {}).get("source", ""))
+        from trainguard.drills.logtail import read_jsonl
+        steps = [getattr(e.payload, "step", 0) for e in read_jsonl(sdir / "events.jsonl")
+                 if e.type == "step.report"]
+        results.append(ScenarioRun(scen, archive.get("task", {}).get("job_id", ""), sdir,
+                                   abort=archive.get("abort"), max_step=max(steps, default=0),
+                                   archive=archive))
+    meta: dict[str, Any] = {"run_id": run_dir.name, "job": job.to_dict(), "scenarios": {},
+                            "code_version": code_version(), "finalized_after_interrupt": True}
+    finalize(run_dir, results, meta, job, say)
