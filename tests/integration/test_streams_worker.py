@@ -34,11 +34,13 @@ def _scenario() -> list[Event]:
 
 
 def _expected(events: list[Event]) -> dict[str, list[bytes]]:
+    """What the worker must publish: its engines run the prompt lane (exits decided on
+    arrival), and a job's records all arrive in publish order (one partition)."""
     rules = load_default_rules()
     out: dict[str, list[bytes]] = {}
     engines: dict[str, RuleEngine] = {}
     for ev in events:
-        engine = engines.setdefault(ev.job_id, RuleEngine(ev.job_id, rules))
+        engine = engines.setdefault(ev.job_id, RuleEngine(ev.job_id, rules, prompt=True))
         out.setdefault(ev.job_id, []).extend(encode(v) for v in engine.feed(ev))
     return out
 

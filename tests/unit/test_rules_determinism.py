@@ -189,3 +189,81 @@ def test_engine_factory_serves_the_streams_app() -> None:
     out += resumed.flush()
     assert [encode(v) for v in out] == REFERENCE
     assert factory("other", None).feed(IN_ORDER[0]) == []  # another job's event is ignored
+
+
+# --- the prompt lane: discrete critical signals decided on arrival ---------------------------
+
+PROMPT_KINDS = {"process_exit", "xid_drain", "link_down"}
+
+
+def run_prompt(arrivals: list[Event], cut: int | None = None) -> list[bytes]:
+    engine = RuleEngine("j", RULES, prompt=True)
+    out: list[Event] = []
+    for i, e in enumerate(arrivals):
+        if cut is not None and i == cut:
+            engine = RuleEngine("j", RULES, orjson.loads(orjson.dumps(engine.snapshot())),
+                                prompt=True)
+        out.extend(engine.feed(e))
+    out.extend(engine.flush())
+    assert engine.stats()["early_pending"] == 0 and engine.stats()["retracted"] == 0
+    return [encode(v) for v in out]
+
+
+def _is_early(raw: bytes) -> bool:
+    doc = orjson.loads(raw)
+    return bool(doc["payload"]["kind"] in PROMPT_KINDS and doc["payload"]["state"] == "open")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), dup_share=st.sampled_from([0.0, 0.1, 0.5]),
+       cut=st.one_of(st.none(), st.floats(0.0, 1.0)))
+def test_prompt_lane_moves_the_same_bytes_earlier(seed: int, dup_share: float,
+                                                  cut: float | None) -> None:
+    arrivals = shuffled(seed, dup_share)
+    at = None if cut is None else int(cut * len(arrivals))
+    got = run_prompt(arrivals, at)
+    assert got == run_prompt(arrivals)  # a restart anywhere changes nothing
+    assert sorted(got) == sorted(REFERENCE)  # the same verdicts, byte for byte, once each
+    assert [b for b in got if not _is_early(b)] == [b for b in REFERENCE if not _is_early(b)]
+    assert sum(map(_is_early, got)) == 3  # the exit, the XID 79 and the link down
+    for b in got:  # each early verdict comes no later than in the ordered sequence
+        if _is_early(b):
+            assert got.index(b) <= REFERENCE.index(b)
+
+
+def test_prompt_lane_answers_the_exit_in_the_same_call() -> None:
+    steps = list(job_steps("j", 4, 20))
+    t_exit = steps[-1].event_time + 1
+    exit_ev = process_exit("j", "node-0", 3, t_exit, signal=9)
+    for prompt in (False, True):
+        engine = RuleEngine("j", RULES, prompt=prompt)
+        for e in steps:
+            engine.feed(e)
+        got = engine.feed(exit_ev)
+        if prompt:
+            assert [(v.payload.kind, v.subject.rank) for v in got  # type: ignore[attr-defined]
+                    ] == [("process_exit", 3)]
+            assert engine.flush() == []  # confirmed by the ordered evaluation: not repeated
+        else:
+            assert got == []  # waits for the watermark
+            assert [v.payload.kind for v in engine.flush()] == [  # type: ignore[attr-defined]
+                "process_exit"]
+
+
+def test_prompt_lane_retracts_an_exit_a_newer_replica_makes_stale() -> None:
+    """The old replica's exit arrives before the new replica's first report, which has an
+    earlier event time (clock skew between the two nodes): opened early, then retracted."""
+    steps = list(job_steps("j", 4, 20))
+    t = steps[-1].event_time
+    ghost_exit = process_exit("j", "node-0", 2, t + 500_000, signal=9, epoch=0)
+    new_report = step_report("j", 2, 20, t + 400_000, 100.0, world=4, epoch=1)
+    engine = RuleEngine("j", RULES, prompt=True)
+    out: list[Event] = []
+    for e in [*steps, ghost_exit, new_report]:
+        out.extend(engine.feed(e))
+    out.extend(engine.flush())
+    states = [(v.payload.kind, v.payload.state.value, v.payload.evidence.get("retracted"))
+              for v in out if isinstance(v.payload, Verdict)]
+    assert states == [("process_exit", "open", None), ("process_exit", "resolved", True)]
+    assert engine.stats()["retracted"] == 1 and engine.stats()["stale"] == 1
+    assert [v for v in run([*steps, new_report, ghost_exit])] == []  # ordered: nothing at all

@@ -22,6 +22,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--datadir", type=Path, help="faust data dir (default $TRAINGUARD_STATE/"
                    "streams-<app id>)")
     p.add_argument("--web-port", type=int, help="faust's web server (default: off)")
+    p.add_argument("--batch-size", type=int, default=1000, metavar="N",
+                   help="most records evaluated per batch (default 1000); a smaller batch "
+                   "lets a prompt verdict out sooner when telemetry floods the worker")
+    p.add_argument("--batch-within", type=float, default=0.05, metavar="S",
+                   help="longest wait to fill a batch of records (default 0.05 s)")
+    p.add_argument("--commit-interval", type=float, default=0.2, metavar="S",
+                   help="exactly-once commit period: verdicts are visible to read-committed "
+                   "consumers once committed (default 0.2 s)")
+    p.add_argument("--no-prompt", action="store_true",
+                   help="decide process exits, must-drain XIDs and link downs only in "
+                   "event-time order (after the lateness bound), not on arrival")
     p.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info",
                                                           "debug"])
     p.set_defaults(func=_run)
@@ -44,9 +55,12 @@ def _run(args: argparse.Namespace) -> int:
                          "`trainguard topics create` first")
     asyncio.run(ensure_internal_topic(cfg, telemetry_by_job_topic(names), partitions))
     app_id = args.app_id or f"{cfg.topic_prefix}-streams"
-    app = build_app(cfg, engine_factory(rules), partitions=partitions, app_id=app_id,
+    app = build_app(cfg, engine_factory(rules, prompt=not args.no_prompt),
+                    partitions=partitions, app_id=app_id,
                     datadir=args.datadir or state_dir() / f"streams-{app_id}",
-                    web_port=args.web_port)
+                    web_port=args.web_port, batch_size=args.batch_size,
+                    batch_within_s=args.batch_within,
+                    commit_interval_s=args.commit_interval)
     log.warning("streams %s: %d partitions, rules %s", app_id, partitions, rules.version)
     Worker(app, loglevel=args.loglevel, quiet=True).execute_from_commandline()
     return 0

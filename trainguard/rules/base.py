@@ -85,6 +85,25 @@ class VerdictBook:
         return [self._event(vid, kind, VerdictState.OPEN, sev, subject, first_time,
                             decided_time, evidence)]
 
+    def preview(self, key: str, *, kind: str, subject: Subject, severity: Severity | None,
+                first_time: int, decided_time: int, evidence: Evidence) -> list[Event]:
+        """What ``raise_`` would return now, changing nothing (the engine's prompt lane)."""
+        if key in self.open:
+            return []
+        sev = severity or self.ctx.rule.severity
+        vid = derived_id(self.ctx.rule.id, self.ctx.job_id, key, first_time)
+        return [self._event(vid, kind, VerdictState.OPEN, sev, subject, first_time,
+                            decided_time, evidence)]
+
+    def retract(self, opened: Event, *, decided_time: int, reason: str) -> Event:
+        """RESOLVED for a verdict the prompt lane opened early that the ordered evaluation did
+        not confirm (e.g. an exit that turned out to be a stale replica's)."""
+        v = opened.payload
+        assert isinstance(v, Verdict)
+        return self._event(v.verdict_id, v.kind, VerdictState.RESOLVED, v.severity,
+                           opened.subject, v.first_anomalous_time, decided_time,
+                           {"retracted": True, "reason": reason})
+
     def resolve(self, key: str, *, decided_time: int, evidence: Evidence) -> list[Event]:
         doc = self.open.pop(key, None)
         if doc is None:
@@ -111,6 +130,7 @@ class RuleBase:
     """
 
     types: frozenset[str] = frozenset()
+    prompt_types: frozenset[str] = frozenset()  # types ``prompt`` answers for
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -123,6 +143,17 @@ class RuleBase:
 
     def feed(self, event: Event) -> list[Event]:  # pragma: no cover - overridden
         raise NotImplementedError
+
+    def rebind(self, rank: str, event: Event) -> list[Event]:
+        """A new replica of ``rank`` (a higher binding epoch) showed itself with ``event``:
+        forget the rank's per-rank state (the engine calls this before feeding the event)."""
+        return []
+
+    def prompt(self, event: Event) -> list[Event]:
+        """The verdicts ``event`` will open when the ordered evaluation reaches it, if they can
+        be told at its arrival; changes nothing. Only discrete per-subject rules that need no
+        peers answer (``prompt_types``); the engine emits them at once and checks them later."""
+        return []
 
     def snapshot(self) -> dict[str, Any]:
         """The live state, JSON-ready: serialise it before the next ``feed`` (the faust app

@@ -12,6 +12,20 @@ end. The same log gives the same verdict sequence (``encode``-identical) whateve
 interleaving within ``allowed_lateness_ms``, with duplicates, and across snapshot/restore.
 The watermark is kept per job: a job's events all live in one partition, and a per-job
 watermark makes each job's verdicts independent of what other jobs share its partition.
+
+Binding epochs (``epochs.py``): between the buffer and the rules, reports, heartbeats and exits
+of a replica older than the newest seen for the rank are dropped (``stats()["stale"]``), and
+the first sign of a newer one makes every rule forget that rank's per-rank state.
+
+Prompt lane (``prompt=True``, what the streams worker runs): a discrete critical signal - a
+process exit, a must-drain XID, a link down - need not wait for the watermark. On its arrival
+the rules that need no peers say what it will open (``RuleBase.prompt``, no state change) and
+the engine emits it at once. The ordered evaluation stays the only one that changes state: when
+it reaches that event and opens the same verdict (same ``event_id``, same bytes), the copy is
+suppressed; if it does not (an earlier exit of the rank, or a newer replica, turned up within
+the lateness bound), the early verdict is retracted (RESOLVED, ``evidence.retracted``). So the
+prompt output is the ordered output with some events moved earlier (plus a rare retraction),
+and it is as deterministic: the same arrivals give the same bytes, across restarts too.
 """
 
 from __future__ import annotations
@@ -19,8 +33,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import orjson
+
+from trainguard.events.codec import decode_obj, encode
 from trainguard.events.envelope import Event
+from trainguard.events.payloads import Heartbeat, ProcessExit, StepReport, Verdict
 from trainguard.rules.base import Context, RuleBase
+from trainguard.rules.epochs import EpochGate, Gate
 from trainguard.rules.ordering import ReorderBuffer
 from trainguard.rules.registry import EVALUATORS
 from trainguard.rules.schema import RuleSet
@@ -33,19 +52,31 @@ class RuleEngine:
     """Feed one job's events in arrival order; get verdict events back."""
 
     def __init__(self, job_id: str, ruleset: RuleSet,
-                 snapshot: dict[str, Any] | None = None) -> None:
+                 snapshot: dict[str, Any] | None = None, *, prompt: bool = False) -> None:
         self.job_id = job_id
         self.ruleset = ruleset
+        self.prompt = prompt
         self.buffer = ReorderBuffer(ruleset.allowed_lateness_us)
+        self.gate = EpochGate()
         self.rules: list[tuple[str, RuleBase]] = []
         self._digests = {spec.id: spec.digest() for spec in ruleset.rules}
         self._by_type: dict[str, list[RuleBase]] = {}
+        self._prompters: dict[str, list[RuleBase]] = {}
         for spec in ruleset.enabled():
             rule = EVALUATORS[spec.kind](Context(job_id, ruleset.version, spec))
             self.rules.append((spec.id, rule))
             for t in sorted(rule.types):
                 self._by_type.setdefault(t, []).append(rule)
+            for t in sorted(rule.prompt_types):
+                self._prompters.setdefault(t, []).append(rule)
+        self._rule_by_id = dict(self.rules)
+        # prompt lane: source event id -> verdicts emitted early, not yet confirmed;
+        # verdict event id -> its source event id; rank -> newest epoch among arrivals
+        self._early: dict[str, list[Event]] = {}
+        self._early_ids: dict[str, str] = {}
+        self._arrived_epoch: dict[str, int] = {}
         self.foreign = 0
+        self.retracted = 0
         if snapshot is not None:
             self.restore(snapshot)
 
@@ -53,8 +84,14 @@ class RuleEngine:
         if event.job_id != self.job_id:
             self.foreign += 1
             return []
+        early: list[Event] = []
+        if self.prompt and self.buffer.accepts(event):
+            early = self._prompt(event)
         released = self.buffer.push(event)
-        return self._evaluate(released) if released else []
+        if not released:
+            return early
+        out = self._evaluate(released)
+        return early + out if early else out
 
     def flush(self) -> list[Event]:
         """Release and evaluate everything buffered (end of an offline replay)."""
@@ -63,11 +100,88 @@ class RuleEngine:
     def _evaluate(self, events: Sequence[Event]) -> list[Event]:
         out: list[Event] = []
         by_type = self._by_type
+        gate_types = self.gate.types
+        early = self._early
         for ev in events:
+            if ev.type in gate_types:
+                verdict = self.gate.check(ev)
+                if verdict is Gate.STALE:
+                    if early and ev.event_id in early:
+                        out.extend(self._retract(ev, "stale binding epoch"))
+                    continue
+                if verdict is Gate.REBIND:
+                    rank = str(ev.payload.rank)  # type: ignore[attr-defined]
+                    for _, rule in self.rules:
+                        out.extend(rule.rebind(rank, ev))
             for rule in by_type.get(ev.type, ()):
                 got = rule.feed(ev)
                 if got:
+                    if self._early_ids:
+                        got = self._confirm(got)
                     out.extend(got)
+            if early and ev.event_id in early:
+                out.extend(self._retract(ev, "not confirmed in event-time order"))
+        return out
+
+    # --- the prompt lane ----------------------------------------------------------------
+
+    def _prompt(self, event: Event) -> list[Event]:
+        payload = event.payload
+        kind = type(payload)
+        if kind is StepReport or kind is Heartbeat:
+            rank = str(payload.rank)  # type: ignore[attr-defined]
+            epoch = payload.binding_epoch  # type: ignore[attr-defined]
+            if epoch > self._arrived_epoch.get(rank, -1):
+                self._arrived_epoch[rank] = epoch
+            return []
+        rules = self._prompters.get(event.type)
+        if not rules or event.event_id in self._early:
+            return []
+        if kind is ProcessExit and self._stale_exit(payload):  # type: ignore[arg-type]
+            return []
+        out: list[Event] = []
+        for rule in rules:
+            for v in rule.prompt(event):
+                if v.event_id not in self._early_ids:
+                    self._early_ids[v.event_id] = event.event_id
+                    out.append(v)
+        if out:
+            self._early[event.event_id] = list(out)
+        return out
+
+    def _stale_exit(self, ex: ProcessExit) -> bool:
+        """Might the ordered evaluation find this exit stale? Then it waits for it."""
+        if ex.rank is None:
+            return False
+        rank = str(ex.rank)
+        if ex.binding_epoch is None:
+            entry = self.gate.ranks.get(rank)
+            return entry is not None and ex.pid in entry[2]
+        newest = max(self.gate.epoch(ex.rank) or 0, self._arrived_epoch.get(rank, -1))
+        return ex.binding_epoch < newest
+
+    def _confirm(self, got: list[Event]) -> list[Event]:
+        """Drop the verdicts the prompt lane already emitted."""
+        kept: list[Event] = []
+        for v in got:
+            source = self._early_ids.pop(v.event_id, None)
+            if source is None:
+                kept.append(v)
+                continue
+            pending = self._early[source]
+            pending[:] = [e for e in pending if e.event_id != v.event_id]
+        return kept
+
+    def _retract(self, source: Event, reason: str) -> list[Event]:
+        out: list[Event] = []
+        for v in self._early.pop(source.event_id):
+            self._early_ids.pop(v.event_id, None)
+            payload = v.payload
+            assert isinstance(payload, Verdict)
+            rule = self._rule_by_id.get(payload.rule)
+            if rule is not None:
+                out.append(rule.book.retract(v, decided_time=source.event_time, reason=reason))
+                self.retracted += 1
         return out
 
     @property
@@ -77,13 +191,23 @@ class RuleEngine:
     def stats(self) -> dict[str, int]:
         return {"late": self.buffer.late, "duplicates": self.buffer.duplicates,
                 "buffered": len(self.buffer), "foreign": self.foreign,
-                "watermark": self.buffer.watermark}
+                "watermark": self.buffer.watermark, "stale": self.gate.stale,
+                "early_pending": len(self._early_ids), "retracted": self.retracted}
 
-    def snapshot(self) -> dict[str, Any]:
+    def buffered_ids(self) -> set[str]:
+        """Ids of the events waiting in the reorder buffer (a copy)."""
+        return self.buffer.ids()
+
+    def snapshot(self, *, events: bool = True) -> dict[str, Any]:
         """The whole state as JSON-ready data. It shares the live state: serialise it (e.g.
-        ``orjson.dumps``) before feeding the next event."""
+        ``orjson.dumps``) before feeding the next event. ``events=False`` leaves the buffered
+        events out (their ids stay, see ``ReorderBuffer.snapshot``)."""
         return {"v": SNAPSHOT_VERSION, "job": self.job_id, "rules_version": self.ruleset.version,
-                "buffer": self.buffer.snapshot(), "foreign": self.foreign,
+                "buffer": self.buffer.snapshot(events=events), "foreign": self.foreign,
+                "epochs": self.gate.snapshot(),
+                "prompt": {"early": {src: [orjson.loads(encode(v)) for v in vs]
+                                     for src, vs in self._early.items()},
+                           "arrived": self._arrived_epoch, "retracted": self.retracted},
                 "rules": {rid: {"digest": self._digests[rid],
                                 "state": rule.snapshot()} for rid, rule in self.rules}}
 
@@ -93,6 +217,13 @@ class RuleEngine:
             raise ValueError(f"snapshot is not a v{SNAPSHOT_VERSION} snapshot of {self.job_id}")
         self.buffer.restore(doc["buffer"])
         self.foreign = int(doc.get("foreign", 0))
+        if "epochs" in doc:  # absent from snapshots written before binding epochs
+            self.gate.restore(doc["epochs"])
+        prompt = doc.get("prompt") or {"early": {}, "arrived": {}, "retracted": 0}
+        self._early = {src: [decode_obj(w) for w in ws] for src, ws in prompt["early"].items()}
+        self._early_ids = {v.event_id: src for src, vs in self._early.items() for v in vs}
+        self._arrived_epoch = {k: int(v) for k, v in prompt["arrived"].items()}
+        self.retracted = int(prompt["retracted"])
         saved = doc["rules"]
         for rid, rule in self.rules:
             entry = saved.get(rid)
@@ -100,11 +231,12 @@ class RuleEngine:
                 rule.restore(entry["state"])
 
 
-def engine_factory(ruleset: RuleSet) -> EngineFactory:
-    """The streams app's ``EngineFactory``: (job id, saved snapshot or None) -> engine."""
+def engine_factory(ruleset: RuleSet, *, prompt: bool = False) -> EngineFactory:
+    """The streams app's ``EngineFactory``: (job id, saved snapshot or None) -> engine.
+    ``prompt``: discrete critical signals are decided on arrival (see the module doc)."""
 
     def make(job_id: str, saved: dict[str, Any] | None) -> RuleEngine:
-        return RuleEngine(job_id, ruleset, saved)
+        return RuleEngine(job_id, ruleset, saved, prompt=prompt)
 
     return make
 

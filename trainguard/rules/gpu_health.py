@@ -117,13 +117,15 @@ class EccRule(RuleBase):
             out.extend(self._gpu(node, g, event.event_time))
         return out
 
-    def _flag(self, key: str, bad: bool | None, kind: str, subject: Subject, sev: Severity | None,
-              t: int, evidence: dict[str, Any]) -> list[Event]:
+    def _flag(self, key: str, bad: bool | None, kind: str, subject: Callable[[], Subject],
+              sev: Severity | None, t: int, evidence: dict[str, Any]) -> list[Event]:
         if bad is None:
             return []
         if bad:
-            return self.book.raise_(key, kind=kind, subject=subject, severity=sev, first_time=t,
-                                    decided_time=t, evidence=evidence)
+            if self.book.is_open(key):
+                return []
+            return self.book.raise_(key, kind=kind, subject=subject(), severity=sev,
+                                    first_time=t, decided_time=t, evidence=evidence)
         return self.book.resolve(key, decided_time=t, evidence=evidence) if (
             self.book.open and self.book.is_open(key)) else []
 
@@ -137,8 +139,8 @@ class EccRule(RuleBase):
                                                   or key in self.s["sbe"]):
             if g.ecc_sbe_volatile is None:
                 return []
-            return self._sbe(key, Subject(node=node, gpu=g.index), g.ecc_sbe_volatile, t, {})
-        subject = Subject(node=node, gpu=g.index)
+            return self._sbe(key, gpu_subject(node, g.index), g.ecc_sbe_volatile, t, {})
+        subject = gpu_subject(node, g.index)
         ev: dict[str, Any] = {"dbe_volatile": g.ecc_dbe_volatile,
                               "sbe_volatile": g.ecc_sbe_volatile,
                               "remapped_rows_failure": g.remapped_rows_failure,
@@ -153,7 +155,7 @@ class EccRule(RuleBase):
             out += self._sbe(key, subject, g.ecc_sbe_volatile, t, ev)
         return out
 
-    def _sbe(self, key: str, subject: Subject, count: int, t: int,
+    def _sbe(self, key: str, subject: Callable[[], Subject], count: int, t: int,
              ev: dict[str, Any]) -> list[Event]:
         anchor = self.s["sbe"].get(key)
         if anchor is None or count < anchor[1]:

@@ -18,6 +18,7 @@ from trainguard.rules.base import RuleBase
 
 class LinkRule(RuleBase):
     types = frozenset({"node.health", "telemetry.node"})
+    prompt_types = frozenset({"node.health"})
 
     def initial_state(self) -> dict[str, Any]:
         # links: "node|link" -> {"up": bool|None, "changes": last carrier_changes, "tr": [times]}
@@ -52,6 +53,21 @@ class LinkRule(RuleBase):
                                        origin="telemetry"))
         return out
 
+    def prompt(self, event: Event) -> list[Event]:
+        """A LINK_DOWN from the kernel log opens at once, as ``_state`` will when it gets it."""
+        h = event.payload
+        if type(h) is not NodeHealth or h.kind is not NodeHealthKind.LINK_DOWN:
+            return []
+        node = event.subject.node or "-"
+        link = h.device or event.subject.link or "-"
+        lk = self.s["links"].get(f"{node}|{link}")
+        if lk is not None and lk["up"] is False:
+            return []  # already down: the transition was decided before
+        return self.book.preview(f"down:{node}|{link}", kind="link_down",
+                                 subject=Subject(node=node, link=link), severity=None,
+                                 first_time=event.event_time, decided_time=event.event_time,
+                                 evidence={"origin": h.origin})
+
     def _link(self, node: str, link: str) -> dict[str, Any]:
         key = f"{node}|{link}"
         lk: dict[str, Any] | None = self.s["links"].get(key)
@@ -62,14 +78,14 @@ class LinkRule(RuleBase):
     def _state(self, node: str, link: str, up: bool | None, t: int, *, transition: bool,
                origin: str) -> list[Event]:
         lk = self._link(node, link)
-        subject = Subject(node=node, link=link)
         key = f"{node}|{link}"
         out: list[Event] = []
         if up is not None and up != lk["up"]:
             if lk["up"] is not None or transition:
                 lk["tr"].append(t)
             if not up and (lk["up"] is True or transition):
-                out.extend(self.book.raise_(f"down:{key}", kind="link_down", subject=subject,
+                out.extend(self.book.raise_(f"down:{key}", kind="link_down",
+                                            subject=Subject(node=node, link=link),
                                             severity=None, first_time=t, decided_time=t,
                                             evidence={"origin": origin}))
             elif up:
@@ -79,8 +95,9 @@ class LinkRule(RuleBase):
         window = int(self.p["flap_window_ms"] * 1000)
         lk["tr"] = [x for x in lk["tr"] if t - x <= window]
         count = len(lk["tr"])
-        if count >= int(self.p["flap_count"]):
-            out.extend(self.book.raise_(f"flap:{key}", kind="link_flapping", subject=subject,
+        if count >= int(self.p["flap_count"]) and not self.book.is_open(f"flap:{key}"):
+            out.extend(self.book.raise_(f"flap:{key}", kind="link_flapping",
+                                        subject=Subject(node=node, link=link),
                                         severity=Severity.WARNING, first_time=lk["tr"][0],
                                         decided_time=t,
                                         evidence={"transitions": count,

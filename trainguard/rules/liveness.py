@@ -4,10 +4,13 @@
 ``max(k_step_times x the job's median step interval, floor_ms)``. Silence is measured in event
 time against the other events of the job (the engine releases them in watermark order), never
 against a wall clock, so a replay decides the same. The check runs every ``check_every_ms`` of
-event time. Ranks whose process exit was seen are left to ``ProcessExitRule``.
+event time. Ranks whose process exit was seen are left to ``ProcessExitRule``. A resume
+(checkpoint ``LOADED``) and a new replica of a rank (a higher binding epoch) start silence and
+step intervals afresh.
 
 ``ProcessExitRule``: a rank process ended with a non-zero code or a signal; resolved when the
-rank reports a step again (a new process took over).
+rank reports a step after it (a new process took over: the engine has already dropped the
+reports and exits of replicas older than the newest binding epoch).
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ from __future__ import annotations
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import Heartbeat, ProcessExit, StepReport
+from trainguard.events.payloads import (
+    CheckpointAction,
+    CheckpointEvent,
+    Heartbeat,
+    ProcessExit,
+    StepReport,
+)
 from trainguard.rules.base import RuleBase, num
 from trainguard.rules.stats import median
 
@@ -56,6 +65,12 @@ class LivenessRule(RuleBase):
                     gap = (t - self.book.open[key]["first"]) / 1000
                     out.extend(self.book.resolve(key, decided_time=t,
                                                  evidence={"silent_ms": num(gap)}))
+        elif kind is CheckpointEvent:
+            if cast(CheckpointEvent, payload).action is CheckpointAction.LOADED:
+                # a resume starts every rank's silence afresh (the restart is no silence)
+                for rank in s["seen"]:
+                    s["seen"][rank] = t
+                s["step_t"] = {}
         elif kind is ProcessExit:
             ex = cast(ProcessExit, payload)
             if ex.rank is not None and str(ex.rank) not in s["exited"]:
@@ -65,6 +80,11 @@ class LivenessRule(RuleBase):
             s["next"] = t + int(self.p["check_every_ms"] * 1000)
             out.extend(self._check(t))
         return out
+
+    def rebind(self, rank: str, event: Event) -> list[Event]:
+        # the gap between the old replica's last step and the new one's first is no interval
+        self.s["step_t"].pop(rank, None)
+        return []
 
     def timeout_us(self) -> int:
         floor = self.p["floor_ms"] * 1000
@@ -92,21 +112,38 @@ class LivenessRule(RuleBase):
 
 class ProcessExitRule(RuleBase):
     types = frozenset({"process.exit", "step.report"})
+    prompt_types = frozenset({"process.exit"})
 
     def feed(self, event: Event) -> list[Event]:
         payload = event.payload
         if type(payload) is StepReport:
             if not self.book.open:
                 return []
-            return self.book.resolve(f"rank:{payload.rank}", decided_time=event.event_time,
-                                     evidence={"step": payload.step})
-        ex = cast(ProcessExit, payload)
+            key = f"rank:{payload.rank}"
+            doc = self.book.open.get(key)
+            # a report after the exit is a new process's (the engine drops stale replicas')
+            if doc is None or event.event_time <= doc["first"]:
+                return []
+            return self.book.resolve(key, decided_time=event.event_time,
+                                     evidence={"step": payload.step,
+                                               "binding_epoch": payload.binding_epoch})
+        found = self._exit(event)
+        return [] if found is None else self.book.raise_(found[0], **found[1])
+
+    def prompt(self, event: Event) -> list[Event]:
+        found = self._exit(event)
+        return [] if found is None else self.book.preview(found[0], **found[1])
+
+    def _exit(self, event: Event) -> tuple[str, dict[str, Any]] | None:
+        ex = cast(ProcessExit, event.payload)
         clean = (ex.exit_code in (0, None)) and ex.signal is None
         if clean and self.p["ignore_clean_exit"]:
-            return []
+            return None
         key = f"rank:{ex.rank}" if ex.rank is not None else f"pid:{event.subject.node}:{ex.pid}"
-        subject = Subject(node=event.subject.node, rank=ex.rank)
-        return self.book.raise_(key, kind="process_exit", subject=subject, severity=None,
-                                first_time=event.event_time, decided_time=event.event_time,
-                                evidence={"pid": ex.pid, "exit_code": ex.exit_code,
-                                          "signal": ex.signal, "detected_by": ex.detected_by})
+        t = event.event_time
+        return key, {"kind": "process_exit", "subject": Subject(node=event.subject.node,
+                                                                rank=ex.rank),
+                     "severity": None, "first_time": t, "decided_time": t,
+                     "evidence": {"pid": ex.pid, "exit_code": ex.exit_code, "signal": ex.signal,
+                                  "detected_by": ex.detected_by,
+                                  "binding_epoch": ex.binding_epoch}}

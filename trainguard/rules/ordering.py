@@ -48,6 +48,10 @@ class ReorderBuffer:
                 return self._release(wm)
         return []
 
+    def accepts(self, event: Event) -> bool:
+        """Would ``push`` keep it (neither late nor a duplicate still buffered)?"""
+        return event.event_time > self.watermark and event.event_id not in self._ids
+
     def drain(self) -> list[Event]:
         """Release everything (end of a replay)."""
         return self._release(self.max_time)
@@ -68,10 +72,21 @@ class ReorderBuffer:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"max_time": self.max_time, "watermark": self.watermark, "late": self.late,
-                "duplicates": self.duplicates,
-                "buffered": [self._encoded(eid, ev) for _, eid, ev in self._heap]}
+    def ids(self) -> set[str]:
+        """The ids of the events buffered now (a copy)."""
+        return set(self._ids)
+
+    def snapshot(self, *, events: bool = True) -> dict[str, Any]:
+        """``events=False``: the buffered events' ids only (``"ids"``), for a store that keeps
+        each event once under its own key instead of rewriting them all on every snapshot;
+        put them back as ``"buffered"`` (wire JSON objects) before ``restore``."""
+        doc: dict[str, Any] = {"max_time": self.max_time, "watermark": self.watermark,
+                               "late": self.late, "duplicates": self.duplicates}
+        if events:
+            doc["buffered"] = [self._encoded(eid, ev) for _, eid, ev in self._heap]
+        else:
+            doc["ids"] = sorted(self._ids)
+        return doc
 
     def _encoded(self, eid: str, ev: Event) -> Any:
         # a table write per event snapshots the buffer each time: encode each event once

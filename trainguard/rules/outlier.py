@@ -46,6 +46,11 @@ class HwOutlierRule(RuleBase):
                                         (b[0], b[1], -math.inf if b[2] is None else b[2],
                                          math.inf if b[3] is None else b[3])
                                         for b in cached["bounds"]], cached["peers"]
+        # stale samples leave only when the statistics are recomputed (nothing else reads
+        # other GPUs' rows): one sweep per interval, not one per node record
+        stale = int(p["stale_ms"] * 1000)
+        for key in [k for k, v in latest.items() if t - v[0] > stale]:
+            del latest[key]
         busy = [v for _, v in sorted(latest.items()) if v[1] >= p["min_util_pct"]]
         if len(busy) - 1 < int(p["min_peers"]):
             self.s["stats"] = {"at": t, "util_med": None, "bounds": [], "peers": 0}
@@ -83,9 +88,6 @@ class HwOutlierRule(RuleBase):
             key = f"{node}/{g.index}"
             latest[key] = [t, g.sm_util_pct, *(getattr(g, m) for m in metrics)]
             mine.append((g.index, key))
-        stale = int(p["stale_ms"] * 1000)
-        for key in [k for k, v in latest.items() if t - v[0] > stale]:
-            del latest[key]
         stats = self._job_stats(t, latest, metrics)
         if stats is None:
             return []

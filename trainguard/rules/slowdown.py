@@ -41,6 +41,10 @@ class JobSlowdownRule(RuleBase):
         return {"group": steps.new_group(), "hist": {}, "flags": {}, "base": [0.0, 0],
                 "calm": 0}
 
+    def rebind(self, rank: str, event: Event) -> list[Event]:
+        self.s["hist"].pop(rank, None)  # a new replica's window starts afresh
+        return []
+
     def feed(self, event: Event) -> list[Event]:
         if _checkpoint(event, [self.s["group"]]):
             return []

@@ -33,6 +33,15 @@ class DataStarvationRule(RuleBase):
         # hist: rank -> shares; share: rank -> window mean; util: node -> its GPUs' SM util
         return {"hist": {}, "share": {}, "starving": 0, "util": {}}
 
+    def rebind(self, rank: str, event: Event) -> list[Event]:
+        """A new replica's window starts afresh (its loader warms up on its own)."""
+        s = self.s
+        s["hist"].pop(rank, None)
+        before = s["share"].pop(rank, None)
+        if before is not None and before >= self.p["wait_share"]:
+            s["starving"] -= 1
+        return []
+
     def feed(self, event: Event) -> list[Event]:
         p, s = self.p, self.s
         payload = event.payload

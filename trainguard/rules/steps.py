@@ -3,8 +3,14 @@ or the whole job) and close the step once some rank is ``close_lag`` steps ahead
 the first step, closed that way, has made the ranks known) once every known rank reported it.
 Closing happens in event-time order, so it is deterministic.
 
-State is plain JSON: ``{"ranks": {rank: 1}, "pending": [[step, {rank: [value, time]}], ...],
-"closed": step, "max": step}`` (string keys).
+State is plain JSON: ``{"ranks": {rank: its last step}, "pending": [[step, {rank: [value,
+time]}], ...], "closed": step, "max": step}`` (string keys).
+
+A rank whose step goes back (a restarted job resumed from its checkpoint: the steps start again
+at checkpoint + 1, whether or not the ``LOADED`` event was seen) restarts the count, as a resume
+does; the other ranks going back after it find the count already restarted. The first step
+closed after a restart is left out (``WARMUP_STEPS``): a restarted job's first step is slow
+for reasons of its own (allocator, autotuning, data loader start) and is no slowdown.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 ClosedStep = tuple[int, dict[str, list[float]]]  # step, rank -> [value, event_time]
+WARMUP_STEPS = 1  # closed steps after a restart that are not judged
 
 
 def new_group() -> dict[str, Any]:
@@ -22,9 +29,11 @@ def add(group: dict[str, Any], rank: str, step: int, value: float, time: int,
         close_lag: int) -> list[ClosedStep]:
     """Add one report; return the steps it closes (ascending). Reports for closed steps are
     dropped (a rank far behind its peers was already judged without them)."""
-    ranks: dict[str, int] = group["ranks"]  # a dict: O(1) membership, JSON-friendly
-    if rank not in ranks:
-        ranks[rank] = 1
+    ranks: dict[str, int] = group["ranks"]  # rank -> last step reported (-1: none since reset)
+    last = ranks.get(rank)
+    if last is not None and 0 <= step <= last:
+        reset(group)  # this rank went back: a restart from a checkpoint
+    ranks[rank] = step
     if step <= group["closed"]:
         return []
     pending: list[list[Any]] = group["pending"]  # [[step, {rank: [value, time]}]], ascending
@@ -49,6 +58,9 @@ def add(group: dict[str, Any], rank: str, step: int, value: float, time: int,
                 group["closed"] >= 0 and len(first_row) >= len(ranks)):
             del pending[0]
             group["closed"] = first
+            if group.get("skip"):
+                group["skip"] -= 1
+                continue
             out.append((first, first_row))
         else:
             break
@@ -60,6 +72,10 @@ def reset(group: dict[str, Any]) -> None:
     group["pending"] = []
     group["closed"] = -1
     group["max"] = -1
+    group["skip"] = WARMUP_STEPS
+    ranks = group["ranks"]
+    for rank in ranks:
+        ranks[rank] = -1
 
 
 def _push(rings: dict[str, list[Any]], key: str, item: Any, size: int) -> list[Any]:

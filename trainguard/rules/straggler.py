@@ -22,6 +22,8 @@ from trainguard.rules import steps
 from trainguard.rules.base import Evidence, RuleBase, num
 from trainguard.rules.stats import median_without
 
+SETTLE_REPORTS = 1  # closed steps of a new replica left out of its window
+
 
 def stage_of(report: StepReport) -> str:
     return "-" if report.pp_stage is None else str(report.pp_stage)
@@ -32,8 +34,20 @@ class StragglerRule(RuleBase):
 
     def initial_state(self) -> dict[str, Any]:
         # groups: stage -> step group; hist: rank -> window; flags: rank -> last n flags;
-        # base: rank -> [ratio sum, count]; calm: rank -> windows below resolve; node: rank
-        return {"groups": {}, "hist": {}, "flags": {}, "base": {}, "calm": {}, "node": {}}
+        # base: rank -> [ratio sum, count]; calm: rank -> windows below resolve; node: rank;
+        # settle: rank -> reports of a new replica still left out (its warm-up)
+        return {"groups": {}, "hist": {}, "flags": {}, "base": {}, "calm": {}, "node": {},
+                "settle": {}}
+
+    def rebind(self, rank: str, event: Event) -> list[Event]:
+        """A new replica: its window, flags and baseline start afresh (it runs on another unit);
+        its first report is left out (a warm-up step is no straggling). An open verdict stays
+        open and resolves once the new replica's windows are back among its peers."""
+        s = self.s
+        for part in ("hist", "flags", "base", "calm"):
+            s[part].pop(rank, None)
+        s.setdefault("settle", {})[rank] = SETTLE_REPORTS
+        return []
 
     def feed(self, event: Event) -> list[Event]:
         payload = event.payload
@@ -63,7 +77,13 @@ class StragglerRule(RuleBase):
         size = int(p["window_steps"])
         means: dict[str, float] = {}
         hist = s["hist"]
+        settle = s.get("settle")
         for rank in sorted(row):
+            if settle and rank in settle:
+                settle[rank] -= 1
+                if settle[rank] <= 0:
+                    del settle[rank]
+                continue
             m = steps.push_window(hist, rank, row[rank][0], size)
             if m is not None:
                 means[rank] = m

@@ -27,23 +27,28 @@ SRC = "synth"
 def step_report(job: str, rank: int, step: int, t: int, compute_ms: float, *,
                 world: int = 8, pp_stage: int | None = None, node: str | None = None,
                 loss: float | None = None, data_wait_ms: float | None = None,
-                step_ms: float | None = None) -> Event:
+                step_ms: float | None = None, epoch: int = 0, pid: int | None = None) -> Event:
     payload = StepReport(rank=rank, world_size=world, pp_stage=pp_stage, step=step,
                          samples_consumed=step * 32, compute_ms=compute_ms, loss=loss,
-                         data_wait_ms=data_wait_ms, step_ms=step_ms)
-    return make_event(payload, event_id=derived_id("synth-step", job, rank, step, t),
+                         data_wait_ms=data_wait_ms, step_ms=step_ms, binding_epoch=epoch,
+                         pid=pid)
+    return make_event(payload, event_id=derived_id("synth-step", job, rank, step, t,
+                                                   *((epoch,) if epoch else ())),
                       job_id=job, event_time=t, source=SRC,
                       subject=Subject(rank=rank, node=node or f"node-{rank // 8}"))
 
 
-def heartbeat(job: str, rank: int, t: int) -> Event:
-    return make_event(Heartbeat(rank=rank), event_id=derived_id("synth-hb", job, rank, t),
+def heartbeat(job: str, rank: int, t: int, epoch: int = 0) -> Event:
+    return make_event(Heartbeat(rank=rank, binding_epoch=epoch),
+                      event_id=derived_id("synth-hb", job, rank, t, *((epoch,) if epoch else ())),
                       job_id=job, event_time=t, source=SRC, subject=Subject(rank=rank))
 
 
 def process_exit(job: str, node: str, rank: int, t: int, exit_code: int | None = 1,
-                 signal: int | None = None) -> Event:
-    payload = ProcessExit(pid=1000 + rank, rank=rank, exit_code=exit_code, signal=signal)
+                 signal: int | None = None, *, epoch: int | None = None,
+                 pid: int | None = None) -> Event:
+    payload = ProcessExit(pid=pid or 1000 + rank, rank=rank, exit_code=exit_code, signal=signal,
+                          binding_epoch=epoch)
     return make_event(payload, event_id=derived_id("synth-exit", job, rank, t), job_id=job,
                       event_time=t, source=SRC, subject=Subject(node=node, rank=rank))
 
@@ -80,7 +85,8 @@ def gpu(index: int, *, temp: float = 65.0, power: float = 400.0, clock: float = 
 def job_steps(job: str, ranks: int, steps: int, *, base_ms: float = 100.0,
               noise: float = 0.0, seed: int = 0, slow: dict[int, tuple[int, float]] | None = None,
               step_us: int = 200_000, start_us: int = 1_700_000_000_000_000,
-              stages: int = 1, first_step: int = 0) -> Iterator[Event]:
+              stages: int = 1, first_step: int = 0, epoch: int = 0,
+              pids: dict[int, int] | None = None) -> Iterator[Event]:
     """A synchronous job: every rank reports every step. ``slow``: rank -> (from step, factor);
     ``noise``: uniform relative noise (0.1 = +-10%)."""
     rng = random.Random(seed)
@@ -94,4 +100,5 @@ def job_steps(job: str, ranks: int, steps: int, *, base_ms: float = 100.0,
             ms = base_ms * factor * (1.0 + rng.uniform(-noise, noise))
             t = start_us + (step - first_step) * step_us + rank * 10
             yield step_report(job, rank, step, t, ms, world=ranks,
-                              pp_stage=(rank // per_stage) if stages > 1 else None)
+                              pp_stage=(rank // per_stage) if stages > 1 else None,
+                              epoch=epoch, pid=(pids or {}).get(rank))

@@ -27,6 +27,7 @@ def xid_class(code: int, drain: list[int], app: list[int]) -> str:
 
 class XidRule(RuleBase):
     types = frozenset({"node.health", "telemetry.node"})
+    prompt_types = frozenset({"node.health"})
 
     def initial_state(self) -> dict[str, Any]:
         return {"last": {}}  # key of a non-drain open verdict -> last time seen
@@ -46,10 +47,24 @@ class XidRule(RuleBase):
                     out.extend(self._xid(code, node, g.index, t, "telemetry"))
         return out
 
+    def prompt(self, event: Event) -> list[Event]:
+        """A must-drain XID from the kernel log opens at once (it needs no peers)."""
+        h = event.payload
+        if type(h) is not NodeHealth or h.kind is not NodeHealthKind.XID or h.code is None:
+            return []
+        if xid_class(h.code, self.p["drain_codes"], self.p["app_codes"]) != "drain":
+            return []
+        node, gpu = event.subject.node, event.subject.gpu
+        return self.book.preview(f"drain:{node}:{gpu}", kind="xid_drain",
+                                 subject=Subject(node=node, gpu=gpu),
+                                 severity=self.ctx.rule.severity, first_time=event.event_time,
+                                 decided_time=event.event_time,
+                                 evidence=_evidence(h.code, "drain", h.origin))
+
     def _xid(self, code: int, node: str | None, gpu: int | None, t: int,
              origin: str) -> list[Event]:
         cls = xid_class(code, self.p["drain_codes"], self.p["app_codes"])
-        evidence: dict[str, Any] = {"xid": code, "xid_class": cls, "origin": origin}
+        evidence = _evidence(code, cls, origin)
         if cls == "app":
             key, subject, sev = f"app:{code}", Subject(), Severity(self.p["app_severity"])
             evidence["node"] = node
@@ -76,3 +91,7 @@ class XidRule(RuleBase):
                 out.extend(self.book.resolve(key, decided_time=t,
                                              evidence={"quiet_ms": self.p["resolve_quiet_ms"]}))
         return out
+
+
+def _evidence(code: int, cls: str, origin: str) -> dict[str, Any]:
+    return {"xid": code, "xid_class": cls, "origin": origin}

@@ -3,10 +3,14 @@ to that job's rule engine and publishes the verdicts.
 
 Partitioning: the task topic is keyed by job; node-keyed telemetry is routed to an internal
 job-keyed topic with the same partition count, so all of one job's events meet in one worker.
-State: each job's engine snapshot lives in a faust table (changelog-backed). The app runs with
-``processing_guarantee=exactly_once``: verdicts sent, table updates and consumed offsets commit
-together in one Kafka transaction, so a worker killed mid-run and started again resumes from
-the changelog and neither misses nor repeats a verdict.
+State: each job's engine state lives in a faust table (changelog-backed), written once per
+consumed batch; the events waiting in its reorder buffer are written once each, in chunks
+(``state.py``), not re-serialised with every snapshot. A partitioner that hashes only the part
+of a key before the first NUL keeps a job's keys on the job's partition (plain keys hash
+exactly as Kafka's default). The app runs with ``processing_guarantee=exactly_once``: verdicts
+sent, table updates and consumed offsets commit together in one Kafka transaction, so a worker
+killed mid-run and started again resumes from the changelog and neither misses nor repeats a
+verdict.
 Windows are the engines' own, in event time (faust's windows close on the wall clock and
 drop late events, which would make live processing and replay disagree).
 """
@@ -14,25 +18,67 @@ drop late events, which would make live processing and replay disagree).
 from __future__ import annotations
 
 import logging
+import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import faust
 import orjson
+from aiokafka.partitioner import murmur2
 
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.dlq import dead_letter
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode
-from trainguard.events.errors import ContractError
+from trainguard.events.errors import ContractError, FieldError
 from trainguard.events.topics import TopicNames, TopicRole
 from trainguard.streams.engine import EngineFactory, JobEngine
+from trainguard.streams.state import JobStore, Recorded
 
 log = logging.getLogger(__name__)
 
 
 def telemetry_by_job_topic(names: TopicNames) -> str:
     return f"{names.prefix}.streams.telemetry-by-job"
+
+
+SOURCE_HEADER = "tg-source"  # on re-keyed telemetry: "topic|partition|offset" it came from
+
+
+def job_of(raw: bytes) -> str:
+    """The job id of a record, read without validating the rest (``decode`` does that)."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ContractError([FieldError("<record>", raw[:64], f"not JSON: {exc}")]) from None
+    job = doc.get("job_id") if isinstance(doc, dict) else None
+    if not isinstance(job, str) or not job or len(job) > 128 or "\0" in job:
+        raise ContractError([FieldError("job_id", job, "a job id is a non-empty string")])
+    return job
+
+
+def source_of(message: Any) -> tuple[str, int, int]:
+    """Where a record really came from: the telemetry position the route agent put in its
+    header, else the message's own."""
+    headers = message.headers or ()
+    items = headers.items() if isinstance(headers, dict) else headers
+    for name, value in items:
+        if name == SOURCE_HEADER and value:
+            topic, partition, offset = bytes(value).decode().rsplit("|", 2)
+            return topic, int(partition), int(offset)
+    return str(message.topic), int(message.partition), int(message.offset)
+
+
+def job_partitioner(key: bytes | None, all_partitions: Sequence[int],
+                    available: Sequence[int]) -> int:
+    """Kafka's default (murmur2) over the key up to its first NUL: ``job`` and
+    ``job\0ch\0n`` land on the same partition; keys without a NUL hash as usual."""
+    if key is None:
+        return random.choice(list(available or all_partitions))
+    head = key.split(b"\0", 1)[0]
+    index: int = murmur2(head) & 0x7FFFFFFF
+    return all_partitions[index % len(all_partitions)]
 
 
 def build_app(
@@ -44,10 +90,15 @@ def build_app(
     datadir: Path | None = None,
     web_port: int | None = None,
     batch_size: int = 1000,
-    batch_within_s: float = 0.2,
+    batch_within_s: float = 0.05,
+    commit_interval_s: float = 0.2,
 ) -> faust.App:
     """``partitions``: the task topic's partition count on the broker; the internal topic and
-    the table's changelog get the same, as faust requires of co-partitioned topics."""
+    the table's changelog get the same, as faust requires of co-partitioned topics.
+
+    Latency: a verdict is visible to read-committed consumers once the transaction that sent
+    it commits, so ``commit_interval_s`` (plus up to ``batch_within_s`` of batching) bounds
+    what the worker adds to the rules' own decision time."""
     names = TopicNames(cfg.topic_prefix)
     app = faust.App(
         app_id or f"{cfg.topic_prefix}-streams",
@@ -60,8 +111,9 @@ def build_app(
         web_port=web_port or 6066,
         datadir=str(datadir) if datadir else None,
         consumer_auto_offset_reset="earliest",
-        broker_commit_every=500,
-        broker_commit_interval=1.0,
+        broker_commit_every=max(batch_size, 500),
+        broker_commit_interval=commit_interval_s,
+        producer_partitioner=job_partitioner,
         key_serializer="raw",  # also the table's: job ids as bytes, hashed like the records
         value_serializer="raw",
     )
@@ -74,47 +126,67 @@ def build_app(
     # the same partition the job's records are on, whatever event is current in a batch.
     state = app.Table("engine-state", default=None, partitions=partitions, key_type=bytes,
                       value_type=bytes, use_partitioner=True)
-    live: dict[str, JobEngine] = {}
+    live: dict[str, tuple[JobEngine, JobStore]] = {}
 
     async def refuse(err: ContractError, message: Any, consumer: str) -> None:
-        letter = dead_letter(err, topic=message.topic, partition=message.partition,
-                             offset=message.offset, key=message.key, value=message.value or b"",
+        topic, partition, offset = source_of(message)
+        letter = dead_letter(err, topic=topic, partition=partition, offset=offset,
+                             key=message.key, value=message.value or b"",
                              rejected_at=now_us(), consumer=consumer)
         await dlq.send(key=message.key, value=letter.encode())
 
     @app.agent(telemetry, name="route-telemetry")
     async def route(stream: Any) -> None:
+        # Only the job id is read here; the evaluate agent validates the whole record (one
+        # full decode per record, not two) and dead-letters it under this source position.
         async for ev in stream.events():
             try:
-                event = decode(ev.value)
+                job = job_of(ev.value)
             except ContractError as err:
                 await refuse(err, ev.message, "streams.route")
                 continue
-            await by_job.send(key=event.job_id.encode(), value=ev.value)
+            m = ev.message
+            await by_job.send(key=job.encode(), value=ev.value, headers=[
+                (SOURCE_HEADER, f"{m.topic}|{m.partition}|{m.offset}".encode())])
 
     @app.agent(app.topic(names.name(TopicRole.TASK), telemetry_by_job_topic(names), **raw),
                name="evaluate")
     async def evaluate(stream: Any) -> None:
         # Batches: each job's snapshot is written once per batch, not once per event; the
         # batch's offsets, verdicts and snapshots still commit in one transaction.
+        # Everything a batch decides is computed first; then its verdicts and its table
+        # writes are sent, awaited, in the open transaction, before faust acks the batch's
+        # events: a commit can never hold the batch's offsets without its state. (Table
+        # assignments would go through faust's send-soon buffer, which an exactly-once
+        # commit does not flush: a worker killed right after a commit lost its state.)
+        table = Recorded(state.data)
+        changelog = state.changelog_topic
         async for batch in stream.take_events(batch_size, within=batch_within_s):
-            touched: dict[str, JobEngine] = {}
+            touched: dict[str, tuple[JobEngine, JobStore, set[str]]] = {}
+            raw: dict[str, bytes] = {}
+            out: list[tuple[bytes, bytes]] = []
             for ev in batch:
                 try:
                     event = decode(ev.value)
                 except ContractError as err:
                     await refuse(err, ev.message, "streams.evaluate")
                     continue
-                engine = live.get(event.job_id)
-                if engine is None:
-                    saved = state.get(event.job_id.encode())
-                    engine = engines(event.job_id, orjson.loads(saved) if saved else None)
-                    live[event.job_id] = engine
-                for verdict in engine.feed(event):
-                    await verdicts.send(key=event.job_id.encode(), value=encode(verdict))
-                touched[event.job_id] = engine
-            for job, engine in touched.items():
-                state[job.encode()] = orjson.dumps(engine.snapshot())
+                job = event.job_id
+                seen = touched.get(job)
+                if seen is None:
+                    pair = live.get(job)
+                    if pair is None:
+                        store = JobStore(table, job)
+                        pair = live[job] = (engines(job, store.load()), store)
+                    seen = touched[job] = (pair[0], pair[1], pair[0].buffered_ids())
+                raw[event.event_id] = ev.value
+                out.extend((job.encode(), encode(v)) for v in seen[0].feed(event))
+            for engine, store, before in touched.values():
+                store.save(engine, before, raw)
+            for key, value in out:
+                await verdicts.send(key=key, value=value)
+            for key, change in table.take():
+                await changelog.send(key=key, value=change)
 
     @app.on_rebalance_complete.connect
     async def forget(sender: Any, **kwargs: Any) -> None:

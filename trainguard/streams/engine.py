@@ -14,8 +14,14 @@ class JobEngine(Protocol):
         """Take one event of this job; return the verdict events it decides."""
         ...
 
-    def snapshot(self) -> dict[str, Any]:
-        """The whole state, JSON-serialisable."""
+    def snapshot(self, *, events: bool = True) -> dict[str, Any]:
+        """The whole state, JSON-serialisable; ``events=False``: the events waiting in the
+        reorder buffer by id only (``snapshot["buffer"]["ids"]``), to be put back as wire JSON
+        objects in ``snapshot["buffer"]["buffered"]`` before the factory restores it."""
+        ...
+
+    def buffered_ids(self) -> set[str]:
+        """Ids of the events waiting in the reorder buffer."""
         ...
 
 
