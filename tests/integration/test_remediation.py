@@ -10,7 +10,6 @@ PyTorch DDP workload with the real agent and streams.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -25,11 +24,10 @@ import psutil
 import pytest
 import yaml
 
-from tests.integration.conftest import arun
+from tests.integration.conftest import arun, read_events
 from trainguard.actuators import cgroups
 from trainguard.actuators.fencing import stop_process
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
@@ -47,6 +45,7 @@ from trainguard.events.payloads import (
     VerdictState,
 )
 from trainguard.events.topics import TopicRole
+from trainguard.workload.progress import read_progress
 
 KEY = "remediation-test-key-0123456789"
 WORLD = 4
@@ -104,7 +103,8 @@ class Loop:
     """decide + actuator as real processes on one job of WORLD ranks and one spare."""
 
     def __init__(self, kafka: KafkaConfig, tmp: Path, *, window_s: float = 5.0,
-                 use_cgroups: bool = False) -> None:
+                 use_cgroups: bool = False,
+                 units: Callable[[str], list[dict[str, Any]]] | None = None) -> None:
         self.kafka, self.tmp = kafka, tmp
         self.job = f"job-{uuid.uuid4().hex[:8]}"
         (tmp / "ckpt").mkdir()
@@ -113,10 +113,10 @@ class Loop:
                 "ckpt_dir": str(tmp / "ckpt"), "grace_s": 2, "log_dir": str(tmp / "logs"),
                 "command": ["python", str(tmp / "job.py"), "{rank}", "{world_size}",
                             "{ckpt_dir}", str(tmp / "progress.jsonl")],
-                "units": [{"name": f"u{r}", "cpus": [r % 2], "rank": r,
-                           "labels": {"rack": "r1"}} for r in range(WORLD)]
-                + [{"name": "spare", "cpus": [1], "labels": {"rack": "r1",
-                                                            "reserved_for": self.job}}]}
+                "units": units(self.job) if units else [
+                    {"name": f"u{r}", "cpus": [r % 2], "rank": r, "labels": {"rack": "r1"}}
+                    for r in range(WORLD)] + [{"name": "spare", "cpus": [1], "labels": {
+                        "rack": "r1", "reserved_for": self.job}}]}
         (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
         env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY}
         base = [sys.executable, "-m", "trainguard.cli.main"]
@@ -133,15 +133,7 @@ class Loop:
 
     def progress(self) -> list[dict[str, Any]]:
         path = self.tmp / "progress.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+        return read_progress(path) if path.exists() else []
 
     def wait_for(self, what: str, cond: Callable[[], bool], limit_s: float) -> None:
         deadline = time.monotonic() + limit_s
@@ -172,15 +164,9 @@ class Loop:
         return vid
 
     def log(self) -> list[Event]:
-        async def read() -> list[Event]:
-            c = EventConsumer(self.kafka, [TopicRole.COMMANDS, TopicRole.OUTCOMES],
-                              group_id=None, name="test", dlq=None)
-            await c.start()
-            try:
-                return [d.event for d in await c.drain(idle_ms=500, limit_s=20)]
-            finally:
-                await c.stop()
-        return sorted(arun(read()), key=lambda e: e.event_time)
+        events = read_events(self.kafka, [TopicRole.COMMANDS, TopicRole.OUTCOMES], idle_ms=500,
+                             limit_s=20)
+        return sorted(events, key=lambda e: e.event_time)
 
     def stop_services(self) -> None:
         for p in self.procs:
@@ -317,3 +303,60 @@ def test_a_throttled_rank_climbs_from_quota_to_migration(
     assert not psutil.pid_exists(victim) or psutil.Process(victim).status() == "zombie"
     units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
     assert any(u.state is UnitState.BOUND and u.rank == 2 and u.unit == "spare" for u in units)
+
+
+
+def two_hosts(job: str) -> list[dict[str, Any]]:
+    """Ranks 0-1 on host h1, 2-3 on host h2; a spare on h2 and two on h1, all reserved."""
+    def unit(name: str, host: str, rank: int | None, cpu: int) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": name, "cpus": [cpu],
+                               "labels": {"rack": "r1", "host": host}}
+        if rank is None:
+            doc["labels"]["reserved_for"] = job
+        else:
+            doc["rank"] = rank
+        return doc
+    return ([unit(f"u{r}", "h1" if r < 2 else "h2", r, r % 2) for r in range(WORLD)]
+            + [unit("spare-h2", "h2", None, 0), unit("spare-h1a", "h1", None, 0),
+               unit("spare-h1b", "h1", None, 1)])
+
+
+def test_a_lost_host_moves_every_rank_it_held_to_spares_on_another_host(
+        loop_factory: Callable[..., Loop]) -> None:
+    """Ranks 2-3 share host h2 and die together: one signed migrate moves both to spares on
+    h1; the spare on h2 (the nearest) is not used, and u2/u3 stay quarantined."""
+    loop = loop_factory(units=two_hosts)
+    loop.wait_for("the job to checkpoint twice", lambda: sum(
+        p["kind"] == "checkpoint" for p in loop.progress()) >= 2, 60)
+    old = loop.pids(1)
+    for rank in (2, 3):  # the host goes: both its ranks at once
+        os.kill(old[rank], signal.SIGKILL)
+    for rank in (2, 3):
+        loop.publish_verdict("process_exit", rank, {"pid": old[rank], "exit_code": None,
+                                                    "signal": 9, "detected_by": "pidfd"})
+    loop.wait_for("all ranks resumed at epoch 2", lambda: len({
+        p["rank"] for p in loop.progress() if p["epoch"] == 2 and p["kind"] == "step"})
+        == WORLD, 45)
+    progress = loop.progress()
+    saved = max(p["step"] for p in progress if p["epoch"] == 1 and p["kind"] == "checkpoint")
+    starts = [p for p in progress if p["epoch"] == 2 and p["kind"] == "start"]
+    assert sorted(p["rank"] for p in starts) == list(range(WORLD))
+    assert all(p["resumed_from"] == saved for p in starts)
+    events = loop.log()
+    cmds = [e.payload for e in events if isinstance(e.payload, Command)]
+    assert [(c.action, c.params["ranks"], c.params["avoid_domains"]) for c in cmds] == [
+        (CommandAction.MIGRATE, [2, 3], ["host=h2"])]
+    assert cmds[0].signature and cmds[0].signature.startswith("hmac-sha256:")
+    assert outcomes(events) == [("migrate", "accepted"), ("migrate", "done")]
+    done = next(e.payload for e in events if isinstance(e.payload, CommandOutcome)
+                and e.payload.status is OutcomeStatus.DONE)
+    assert done.data["to_units"] == ["spare-h1a", "spare-h1b"]
+    units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
+    bound2 = {u.rank: u.unit for u in units if u.state is UnitState.BOUND and u.epoch == 2}
+    assert bound2 == {0: "u0", 1: "u1", 2: "spare-h1a", 3: "spare-h1b"}
+    fenced = {u.unit: u.reason for u in units if u.state is UnitState.FENCED}
+    assert "quarantined" in fenced["u2"] and "quarantined" in fenced["u3"]
+    assert "quarantined" not in fenced["u0"]
+    # nothing bound on the lost host after the fault, and its units are not handed out again
+    assert not [u for u in units if u.state is UnitState.BOUND and u.epoch == 2
+                and u.labels.get("host") == "h2"]

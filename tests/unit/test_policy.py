@@ -30,14 +30,18 @@ CFG = PolicyConfig(window_s=5, tier_windows=2, settle_s=1, quota_pct=400, storm_
 
 
 def verdict(kind: str, rank: int | None, t: int, state: VerdictState = VerdictState.OPEN,
-            pid: int | None = None, vid: str | None = None, node: str = "n1") -> Event:
-    vid = vid or derived_id("v", kind, rank, t)
+            pid: int | None = None, vid: str | None = None, node: str | None = "n1",
+            exit_code: int | None = None, sig: int | None = None,
+            gpu: int | None = None) -> Event:
+    vid = vid or derived_id("v", kind, rank, t, node)
     ev: dict[str, str | int | float | bool | None] = {"pid": pid} if pid else {}
+    if kind == "process_exit":
+        ev.update({"exit_code": exit_code, "signal": sig})
     return make_event(Verdict(verdict_id=vid, rule=kind, kind=kind, state=state,
                               severity=Severity.CRITICAL, first_anomalous_time=t,
                               decided_time=t, evidence=ev),
                       event_id=derived_id("e", vid, state.value), job_id=JOB, event_time=t,
-                      source="test", subject=Subject(rank=rank, node=node))
+                      source="test", subject=Subject(rank=rank, node=node, gpu=gpu))
 
 
 def unit(name: str, state: UnitState, rank: int | None = None, pid: int | None = None,
@@ -126,8 +130,10 @@ def test_a_resolved_straggler_stops_the_ladder() -> None:
 
 
 def test_failures_settle_and_only_the_earliest_is_the_cause() -> None:
-    killed = verdict("process_exit", 3, 10 * S, pid=103)
-    survivors = [verdict("process_exit", r, 10 * S + 200_000 + r, pid=100 + r) for r in range(3)]
+    killed = verdict("process_exit", 3, 10 * S, pid=103, sig=9)
+    # its synchronous peers leave with the peer-lost exit code: consequences, not failures
+    survivors = [verdict("process_exit", r, 10 * S + 200_000 + r, pid=100 + r, exit_code=3)
+                 for r in range(3)]
     s, out = feed(pool(), [survivors[0], killed], 10 * S + 300_000)
     assert out == []  # settling
     s, out = feed(s, survivors[1:], 11 * S + 400_000)
@@ -137,6 +143,8 @@ def test_failures_settle_and_only_the_earliest_is_the_cause() -> None:
                                                                        True)
     assert cmd.cause_verdict_ids == [killed.payload.verdict_id]  # type: ignore[attr-defined]
     assert len(cmd.params["covered_verdicts"]) == 3  # type: ignore[arg-type]
+    assert cmd.params["ranks"] == [3] and cmd.params["from_units"] == ["u3"]
+    assert cmd.params["avoid_domains"] == []  # one rank dying says nothing about its node
     # exits of the fenced replicas while the restart is under way are covered, not acted on
     s, out = feed(s, [verdict("process_exit", 1, 12 * S, pid=101)], 20 * S)
     assert out == []
@@ -145,8 +153,11 @@ def test_failures_settle_and_only_the_earliest_is_the_cause() -> None:
 def test_a_verdict_about_a_replaced_pid_is_ignored() -> None:
     s = pool()
     s, _ = policy.step(s, unit("spare0", UnitState.BOUND, 3, 555, 2), 0, CFG)
-    s, out = feed(s, [verdict("process_exit", 3, 10 * S, pid=103)], 20 * S)
-    assert out == []
+    _, stale = settled(s, [verdict("process_exit", 3, 10 * S, pid=103)], 20 * S)
+    assert stale == []
+    # the same verdict about the live replica is acted on: the pid is what decides
+    _, live = settled(s, [verdict("process_exit", 3, 10 * S, pid=555)], 20 * S)
+    assert [d.command.action for d in live] == [CommandAction.ESCALATE]
 
 
 def test_no_spare_escalates_and_never_shrinks() -> None:
@@ -224,3 +235,139 @@ def test_keys_are_deterministic_and_never_repeat(items: list[tuple[str, int, int
     assert len(keys) == len(set(keys))
     if spares == 0:
         assert CommandAction.MIGRATE not in {d.command.action for d in first}
+
+
+# --- several ranks failing together (a node lost) -----------------------------------------
+
+
+def placed(name: str, state: UnitState, node: str, rank: int | None = None,
+           pid: int | None = None, labels: dict[str, str] | None = None) -> Event:
+    return make_event(PoolUnit(unit=name, state=state, node=node, rank=rank, pid=pid,
+                               epoch=1 if rank is not None else None, labels=labels or {}),
+                      event_id=derived_id("u", name, state.value, rank, pid), job_id=JOB,
+                      event_time=1, source="test", subject=Subject(unit=name))
+
+
+def two_nodes(spares: dict[str, str], *, by_label: bool = False) -> PolicyState:
+    """Ranks 0-1 on node a, 2-3 on node b; ``spares`` maps spare name -> its node. With
+    ``by_label`` every unit is on one machine and the node is a label (as in the drills)."""
+    s = PolicyState()
+    layout: list[tuple[str, str, int | None]] = [(f"u{r}", "a" if r < 2 else "b", r)
+                                                  for r in range(4)]
+    layout += [(name, node, None) for name, node in spares.items()]
+    for name, node, rank in layout:
+        where = ("host", {"drill_node": node, "rack": "r1"}) if by_label else (node, {})
+        s, _ = policy.step(s, placed(name, UnitState.BOUND if rank is not None
+                                     else UnitState.SPARE, where[0], rank,
+                                     100 + rank if rank is not None else None, where[1]),
+                           0, CFG)
+    return s
+
+
+def node_b_lost(t: int) -> list[Event]:
+    """Both ranks of node b killed; the survivors on node a leave with the peer-lost code."""
+    return [verdict("process_exit", 2, t, pid=102, sig=9),
+            verdict("process_exit", 3, t + 40_000, pid=103, sig=9),
+            verdict("process_exit", 0, t + 90_000, pid=100, exit_code=3),
+            verdict("process_exit", 1, t + 95_000, pid=101, exit_code=3)]
+
+
+def test_a_lost_node_moves_every_rank_it_held_to_spares_outside_it() -> None:
+    for by_label, domain in ((False, "node=b"), (True, "drill_node=b")):
+        s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"}, by_label=by_label)
+        s, out = settled(s, node_b_lost(10 * S), 10 * S + 100_000)
+        assert [d.command.action for d in out] == [CommandAction.MIGRATE], by_label
+        p = out[0].command.params
+        assert (p["rank"], p["ranks"], p["from_units"]) == (2, [2, 3], ["u2", "u3"])
+        assert p["avoid_domains"] == [domain]  # node a still runs ranks 0-1: not down
+        assert len(p["covered_verdicts"]) == 3  # type: ignore[arg-type]
+
+
+def test_a_lost_node_without_enough_healthy_spares_escalates_never_shrinks() -> None:
+    # two spares, but one is on the node that just failed: one healthy spare for two ranks
+    s = two_nodes({"spare-a0": "a", "spare-b": "b"})
+    _, out = settled(s, node_b_lost(10 * S), 10 * S + 100_000)
+    assert [d.command.action for d in out] == [CommandAction.ESCALATE]
+    reason = str(out[0].command.params["reason"])
+    assert "ranks [2, 3]" in reason and "1 healthy spare" in reason
+    assert "node=b" in reason and "not shrunk" in reason
+
+
+def test_a_node_level_verdict_moves_every_rank_bound_there() -> None:
+    s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"})
+    _, out = settled(s, [verdict("link_down", None, 10 * S, node="b")], 10 * S)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    p = out[0].command.params
+    assert (p["ranks"], p["avoid_domains"]) == ([2, 3], ["node=b"])
+
+
+def test_independent_failures_together_move_each_rank_without_blaming_a_node() -> None:
+    s = two_nodes({"spare-a0": "a", "spare-b": "b"})
+    _, out = settled(s, [verdict("process_exit", 1, 10 * S, pid=101, exit_code=1),
+                         verdict("rank_silent", 3, 10 * S + 1)], 10 * S + 1)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    p = out[0].command.params
+    assert (p["rank"], p["ranks"], p["avoid_domains"]) == (1, [1, 3], [])
+
+
+def test_only_peer_lost_exits_move_the_earliest_as_before() -> None:
+    # a hung rank makes its peers time out: only consequences are seen; the earliest moves
+    s = two_nodes({"spare-a0": "a"})
+    _, out = settled(s, [verdict("process_exit", 2, 10 * S + 5, pid=102, exit_code=3),
+                         verdict("process_exit", 0, 10 * S, pid=100, exit_code=3)], 10 * S)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    assert out[0].command.params["ranks"] == [0]
+
+
+NODES = st.sampled_from(["a", "b", "c"])
+
+
+@given(st.lists(NODES, min_size=2, max_size=5), st.lists(NODES, max_size=5),
+       st.sets(st.integers(0, 4), min_size=1), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_failed_ranks_all_move_outside_the_failed_domain_or_escalate(
+        rank_nodes: list[str], spare_nodes: list[str], killed: set[int],
+        by_label: bool) -> None:
+    from trainguard.actuators.pool import choose_spares, domains, parse_domains
+    killed = {r for r in killed if r < len(rank_nodes)} or {0}
+    s = PolicyState()
+    units: list[tuple[str, str, int | None]] = [(f"u{r}", n, r)
+                                                 for r, n in enumerate(rank_nodes)]
+    units += [(f"spare{i}", n, None) for i, n in enumerate(spare_nodes)]
+    for name, node, rank in units:
+        host, labels = ("host", {"drill_node": node}) if by_label else (node, {})
+        s, _ = policy.step(s, placed(name, UnitState.BOUND if rank is not None
+                                     else UnitState.SPARE, host, rank,
+                                     None if rank is None else 100 + rank, labels), 0, CFG)
+    events = [verdict("process_exit", r, 10 * S + r, pid=100 + r,
+                      sig=9 if r in killed else None, exit_code=None if r in killed else 3)
+              for r in range(len(rank_nodes))]
+    _, out = settled(s, events, 10 * S + 10)
+    assert len(out) == 1  # one decision for the whole failure
+    cmd = out[0].command
+    survivors = {rank_nodes[r] for r in range(len(rank_nodes)) if r not in killed}
+    # a node is down when ranks failed together and none of its ranks survived
+    dead_nodes = ({rank_nodes[r] for r in killed} - survivors) if len(killed) > 1 else set()
+    outside = [u for u in s.pool.spares_for(JOB)
+               if (u.labels.get("drill_node") if by_label else u.node) not in dead_nodes]
+    if by_label and not survivors and len(dead_nodes) > 1:
+        # every rank died, on several nodes of one machine: the machine is what they share
+        assert cmd.action is CommandAction.ESCALATE and "not shrunk" in str(
+            cmd.params["reason"])
+        return
+    if len(outside) < len(killed):
+        assert cmd.action is CommandAction.ESCALATE
+        assert "not shrunk" in str(cmd.params["reason"])
+        return
+    assert cmd.action is CommandAction.MIGRATE
+    assert cmd.params["ranks"] == sorted(killed)
+    avoid = parse_domains(cmd.params["avoid_domains"])  # type: ignore[arg-type]
+    label = "drill_node" if by_label else "node"
+    assert {v for k, v in avoid if k == label} == dead_nodes
+    # what the actuator will do with it: a distinct healthy spare for every failed rank
+    bound = s.pool.bound(JOB)
+    plan = choose_spares(s.pool, JOB, {r: bound[r] for r in killed}, {}, avoid)
+    assert plan.missing is None and sorted(plan.moves) == sorted(killed)
+    chosen = [c.unit for c in plan.moves.values() if c.unit is not None]
+    assert len({u.name for u in chosen}) == len(killed)
+    assert not any(domains(u) & avoid for u in chosen)

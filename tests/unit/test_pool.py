@@ -6,7 +6,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainguard.actuators.pool import PoolState, choose_spare, rebuild, reduce
+from trainguard.actuators.pool import (
+    PoolState,
+    choose_spare,
+    choose_spares,
+    domains,
+    failed_domains,
+    rebuild,
+    reduce,
+)
 from trainguard.events.codec import decode, encode, make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import PoolUnit, UnitState
@@ -100,3 +108,70 @@ def test_rebuild_from_the_log_equals_the_live_fold(items: list[tuple[str, UnitSt
     assert dict(replayed.epochs) == dict(live.epochs)
     for unit in live.units.values():  # a unit is bound to at most one rank, and only if bound
         assert (unit.rank is not None) == (unit.state is UnitState.BOUND)
+
+
+# --- several ranks at once: failure domains, one distinct healthy spare each --------------
+
+
+def node_b_lost_pool() -> PoolState:
+    """Ranks 0-1 on node a, 2-3 on node b (rack r1); spares on a, b, and c (rack r2)."""
+    events = [unit_event(f"u{r}", UnitState.BOUND, rank=r, epoch=1, pid=10 + r,
+                         node="a" if r < 2 else "b", labels={"rack": "r1"}) for r in range(4)]
+    events += [unit_event("spare-a", UnitState.SPARE, node="a", labels={"rack": "r1"}),
+               unit_event("spare-b", UnitState.SPARE, node="b", labels={"rack": "r1"}),
+               unit_event("spare-c", UnitState.SPARE, node="c", labels={"rack": "r2"})]
+    return rebuild(events)
+
+
+def test_failed_domains_are_where_nothing_of_the_job_survived() -> None:
+    s = node_b_lost_pool()
+    b = s.bound(JOB)
+    assert failed_domains(s, [b[2], b[3]], [b[0], b[1]]) == {("node", "b")}
+    assert failed_domains(s, [b[2]], [b[0], b[1], b[3]]) == frozenset()  # one alone: no
+    assert failed_domains(s, [b[1], b[2]], [b[0], b[3]]) == frozenset()  # both nodes live on
+    # every rank lost: the smallest domain holding them all (the rack), not each node only
+    assert failed_domains(s, list(b.values()), []) == {("node", "a"), ("node", "b"),
+                                                       ("rack", "r1")}
+    # the reservation label and a GPU index are no failure domains
+    assert domains(b[0]) == {("node", "a"), ("rack", "r1")}
+
+
+def test_choose_spares_gives_each_failed_rank_a_distinct_healthy_spare_or_none() -> None:
+    s = node_b_lost_pool()
+    b = s.bound(JOB)
+    avoid = frozenset({("node", "b")})
+    plan = choose_spares(s, JOB, {2: b[2], 3: b[3]}, {}, avoid)
+    assert plan.missing is None
+    moved = {r: c.unit.name for r, c in plan.moves.items() if c.unit is not None}
+    assert moved == {2: "spare-a", 3: "spare-c"}  # spare-b is nearest, but on the lost node
+    assert "same rack" in plan.moves[2].reason and "another domain" in plan.moves[3].reason
+    plan = choose_spares(s, JOB, {2: b[2], 3: b[3]}, {"spare-c": "no /ckpt"}, avoid)
+    assert plan.moves == {} and plan.missing is not None  # all or nothing: never half moved
+    assert "2 ranks [2, 3]" in plan.missing and "spare-c: no /ckpt" in plan.missing
+    one = choose_spare(s, JOB, b[2], {"spare-a": "x", "spare-c": "y"}, avoid)
+    assert one.unit is None and "spare-b: in the failed domain node=b" in one.reason
+    assert "spare-a: x" in one.reason
+
+
+@given(st.lists(st.sampled_from(["a", "b", "c"]), max_size=6),
+       st.sets(st.sampled_from(["a", "b", "c"])), st.integers(1, 4),
+       st.sets(st.integers(0, 5)))
+@settings(max_examples=300, deadline=None)
+def test_a_spare_plan_is_complete_distinct_and_healthy_or_empty(
+        spare_nodes: list[str], down: set[str], need: int, unreachable: set[int]) -> None:
+    s = rebuild([unit_event(f"u{r}", UnitState.BOUND, rank=r, epoch=1, pid=r + 1, node="a")
+                 for r in range(need)]
+                + [unit_event(f"s{i}", UnitState.SPARE, node=n)
+                   for i, n in enumerate(spare_nodes)])
+    avoid = frozenset(("node", n) for n in down)
+    bad = {f"s{i}": "unreachable" for i in unreachable}
+    b = s.bound(JOB)
+    plan = choose_spares(s, JOB, {r: b[r] for r in range(need)}, bad, avoid)
+    usable = [f"s{i}" for i, n in enumerate(spare_nodes) if n not in down
+              and f"s{i}" not in bad]
+    if len(usable) < need:
+        assert plan.moves == {} and plan.missing
+        return
+    assert plan.missing is None and sorted(plan.moves) == list(range(need))
+    names = [c.unit.name for c in plan.moves.values() if c.unit is not None]
+    assert len(set(names)) == need and set(names) <= set(usable)

@@ -8,14 +8,18 @@ A process group of a synchronous job (DDP/gloo, the toy job) cannot take one new
 running group: its survivors exit when a peer dies. So ``migrate`` and ``resume`` both restart
 the whole group from the last valid checkpoint: every bound replica is fenced (stopped,
 confirmed dead, unit released) *before* any replica is launched, then every rank is launched at
-a new epoch (job epoch + 1) — ``migrate`` with the failed rank on a spare, ``resume`` in place.
-The migrated rank's old unit stays ``fenced`` (quarantined) until an operator returns it.
+a new epoch (job epoch + 1) — ``migrate`` with every failed rank (``params.ranks``; ``rank``
+alone in older commands) on a spare of its own outside the failure domains that just failed
+(``params.avoid_domains``), the others on their own units; ``resume`` in place. A migrated
+rank's old unit stays ``fenced`` (quarantined, never rebound) until an operator returns it. No
+spare for one of the failed ranks -> the command fails before anything is fenced (nothing is
+shrunk or half moved) and the policy escalates.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -23,7 +27,14 @@ from trainguard.actuators import cgroups
 from trainguard.actuators.backend import Backend, Replica
 from trainguard.actuators.fencing import FenceError, is_replica_of, is_stale, kill_now
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
-from trainguard.actuators.pool import PoolState, choose_spare, reduce
+from trainguard.actuators.pool import (
+    PoolState,
+    choose_spares,
+    domains,
+    format_domains,
+    parse_domains,
+    reduce,
+)
 from trainguard.dev.kafka import free_port
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
@@ -119,8 +130,9 @@ class Executor:
         return out
 
     def fence_all(self, command_id: str | None, reason: str,
-                  quarantine: str | None = None) -> tuple[list[str], float]:
-        """Fence every bound replica of the job. Returns what was released and the time."""
+                  quarantine: Collection[str] = ()) -> tuple[list[str], float]:
+        """Fence every bound replica of the job; the units in ``quarantine`` (those of failed
+        ranks) say so and are not rebound. Returns what was released and the time."""
         t0 = time.monotonic()
         released: list[str] = []
         for rank, rep in sorted(self.replicas().items()):
@@ -132,7 +144,7 @@ class Executor:
                 self.unit_event(rep.unit, UnitState.FAILED, reason=f"fencing failed: {exc}",
                                 command_id=command_id)
                 raise
-            why = reason + (" (quarantined)" if rep.unit == quarantine else "")
+            why = reason + (" (quarantined)" if rep.unit in quarantine else "")
             self.unit_event(rep.unit, UnitState.FENCED, rank=rank, epoch=rep.epoch,
                             pid=rep.pid, command_id=command_id, reason=why,
                             released=list(rel.items))
@@ -164,6 +176,14 @@ class Executor:
         rank = cmd.params.get("rank")
         return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
 
+    def _ranks(self, cmd: Command) -> list[int | None]:
+        """The ranks a migrate moves: ``params.ranks``, else ``params.rank`` alone."""
+        many = cmd.params.get("ranks")
+        if isinstance(many, list) and many:
+            return sorted({r if isinstance(r, int) and not isinstance(r, bool) else None
+                           for r in many}, key=lambda r: -1 if r is None else r)
+        return [self._rank(cmd)]
+
     def _raise_quota(self, cmd: Command) -> Result:
         rank = self._rank(cmd)
         unit = self.pool.bound(self.job.job_id).get(rank) if rank is not None else None
@@ -188,19 +208,37 @@ class Executor:
                           f"{sorted(placement)} of {self.job.world_size} are bound; a human "
                           "must relaunch the job")
         data: FlatMap = {}
-        quarantine = None
+        quarantine: list[str] = []
+        moved = ""
         if cmd.action is CommandAction.MIGRATE:
-            rank = self._rank(cmd)
-            old = bound.get(rank) if rank is not None else None
-            if rank is None or old is None:
-                return Result(OutcomeStatus.FAILED, f"migrate: rank {rank} is not bound")
-            choice = choose_spare(self.pool, job, old, self._unreachable())
-            if choice.unit is None:
-                return Result(OutcomeStatus.FAILED, f"migrate: {choice.reason}")
-            placement[rank] = choice.unit.name
-            quarantine = old.name
-            data.update({"rank": rank, "from_unit": old.name, "to_unit": choice.unit.name,
-                         "choice": choice.reason})
+            ranks = self._ranks(cmd)
+            missing = [r for r in ranks if r is None or r not in bound]
+            if missing:
+                return Result(OutcomeStatus.FAILED, f"migrate: rank "
+                              f"{', '.join(str(r) for r in missing)} is not bound")
+            olds = {r: bound[r] for r in ranks if r is not None}
+            avoid = parse_domains(_list(cmd.params.get("avoid_domains")))
+            kept = [f"rank {r} on {u.name} ({', '.join(format_domains(domains(u) & avoid))})"
+                    for r, u in sorted(bound.items()) if r not in olds and domains(u) & avoid]
+            if kept:
+                return Result(OutcomeStatus.FAILED, "migrate: would rebind in a failed domain: "
+                              + "; ".join(kept))
+            plan = choose_spares(self.pool, job, olds, self._unreachable(), avoid)
+            if plan.missing is not None:
+                return Result(OutcomeStatus.FAILED, f"migrate: {plan.missing}")
+            to = {r: c.unit.name for r, c in plan.moves.items() if c.unit is not None}
+            placement.update(to)
+            quarantine = [olds[r].name for r in sorted(olds)]
+            named = self._rank(cmd)
+            first = named if named is not None and named in olds else min(olds)
+            data.update({"rank": first, "from_unit": olds[first].name, "to_unit": to[first],
+                         "choice": plan.moves[first].reason,
+                         "ranks": list(sorted(olds)),
+                         "from_units": [olds[r].name for r in sorted(olds)],
+                         "to_units": [to[r] for r in sorted(olds)],
+                         "avoided_domains": list(format_domains(avoid))})
+            moved = " " + ", ".join(f"rank {r} {olds[r].name} -> {to[r]}"
+                                    for r in sorted(olds)) + ";"
         t0 = time.monotonic()
         released, fence_ms = self.fence_all(cmd.command_id, f"{cmd.action.value}: replica "
                                             "replaced", quarantine)
@@ -210,8 +248,6 @@ class Executor:
         data.update({"epoch": epoch, "fence_ms": round(fence_ms, 1),
                      "bind_ms": round(bind_ms, 1), "released": _scalars(released),
                      "total_ms": round((time.monotonic() - t0) * 1000, 1)})
-        moved = f" rank {data['rank']} {data['from_unit']} -> {data['to_unit']};" \
-            if quarantine else ""
         return Result(OutcomeStatus.DONE, f"{cmd.action.value}:{moved} {len(placement)} ranks "
                       f"fenced and relaunched at epoch {epoch}, resuming from the last valid "
                       "checkpoint", data)
@@ -261,6 +297,10 @@ class Executor:
                              job_id=event.job_id, event_time=now_us(), source=SOURCE,
                              subject=Subject(rank=p.rank, node=event.subject.node)))
         return True
+
+
+def _list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list) else []
 
 
 def _scalars(items: list[str]) -> list[Scalar]:

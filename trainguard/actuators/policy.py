@@ -12,10 +12,16 @@ The ladder, lightest first:
   checkpoint); still open -> ``escalate`` (tiers exhausted).
 - a failure verdict (process exit, rank silent, must-drain XID, link down) -> ``migrate`` with
   ``resume`` at once. A job's failure verdicts are collected for ``settle_s`` first: when a rank
-  dies its synchronous peers exit too, and only the earliest is the cause (the rest are covered
-  by the one restart). Verdicts about a pid that is no longer the rank's bound replica (fenced
-  by a restart) are ignored.
-- no spare -> ``escalate`` saying so: the job is never silently shrunk.
+  dies its synchronous peers exit too (with a peer-lost exit code, ``peer_exit_codes``): those
+  exits are consequences, covered by the one restart. Every rank that failed by itself (a
+  signal, another exit code, silence) within the window, and every rank bound where a
+  node-level verdict points, is moved to a spare by that one ``migrate`` (``params.ranks``),
+  never onto a unit of a failure domain that just failed (``params.avoid_domains``: the
+  located node, and ``pool.failed_domains`` of the failed units). When no rank failed by
+  itself, the earliest verdict's rank is the one moved. Verdicts about a pid that is no longer
+  the rank's bound replica (fenced by a restart) are ignored.
+- fewer healthy spares than failed ranks -> ``escalate`` saying so: the job is never silently
+  shrunk.
 - a command that fails, times out, is refused or gets no outcome -> ``escalate``.
 - restart-storm guard: ``storm_restarts`` restarts within ``storm_window_s`` without the job's
   checkpoint step moving -> ``escalate`` and stop acting on the job.
@@ -30,7 +36,15 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from trainguard.actuators.pool import PoolState, reduce
+from trainguard.actuators.pool import (
+    Domain,
+    PoolState,
+    Unit,
+    domains,
+    failed_domains,
+    format_domains,
+    reduce,
+)
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
@@ -64,6 +78,10 @@ class PolicyConfig:
     storm_window_s: float = 600.0  # T
     outcome_timeout_s: float = 180.0
     issued_by: str = "trainguard-decide"
+    # exit codes (without a signal) by which a rank says it left because a peer was lost: a
+    # consequence of another rank's failure, not a fault of its own unit (3: the reference
+    # workload's EXIT_PEER_LOST)
+    peer_exit_codes: tuple[int, ...] = (3,)
 
     def __post_init__(self) -> None:
         for name in ("window_s", "settle_s", "storm_window_s", "outcome_timeout_s"):
@@ -92,6 +110,8 @@ class OpenVerdict:
     gpu: int | None
     first_time: int
     pid: int | None
+    exit_code: int | None = None
+    signal: int | None = None
 
 
 @dataclass
@@ -188,10 +208,9 @@ def _on_verdict(s: PolicyState, event: Event, v: Verdict, now_us: int, cfg: Poli
         for name in [n for n, lad in s.ladders.items() if lad.verdict_id == v.verdict_id]:
             del s.ladders[name]  # back among its peers: the ladder stops here
         return
-    pid = v.evidence.get("pid")
     ov = OpenVerdict(v.verdict_id, job, v.kind, event.subject.rank, event.subject.node,
-                     event.subject.gpu, v.first_anomalous_time,
-                     pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
+                     event.subject.gpu, v.first_anomalous_time, _int(v.evidence.get("pid")),
+                     _int(v.evidence.get("exit_code")), _int(v.evidence.get("signal")))
     if v.verdict_id in s.open:
         return
     s.open[v.verdict_id] = ov
@@ -215,6 +234,10 @@ def _on_verdict(s: PolicyState, event: Event, v: Verdict, now_us: int, cfg: Poli
         s.held_since.setdefault(job, now_us)
 
 
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _stale(s: PolicyState, ov: OpenVerdict) -> bool:
     if ov.pid is None or ov.rank is None:
         return False
@@ -231,36 +254,78 @@ def _decide_failure(s: PolicyState, job: str, held: list[OpenVerdict], now_us: i
     live = [ov for ov in held if ov.verdict_id in s.open and not _stale(s, ov)]
     if not live or job in s.stopped or _restart_pending(s, job):
         return
-    cause = min(live, key=lambda ov: (ov.first_time, ov.verdict_id))
-    rank = cause.rank if cause.rank is not None else _rank_on(s, job, cause)
+    first = min(live, key=_order)
+    own = [ov for ov in live if not _consequence(ov, cfg)]
+    group = sorted(own, key=_order) if own else [first]  # the ranks that failed by themselves
+    cause = group[0]
+    bound = s.pool.bound(job)
+    ranks: set[int] = set()
+    avoid: set[Domain] = set()
+    for ov in group:
+        if ov.rank is not None:
+            ranks.add(ov.rank)
+            continue
+        ranks |= _ranks_on(s, job, ov)  # a node/GPU-level verdict: every rank bound there
+        if ov.node is not None and ov.gpu is None:
+            avoid.add(("node", ov.node))
     covered = [ov.verdict_id for ov in live if ov is not cause]
-    if rank is None:
+    if not ranks:
         _escalate(s, job, f"{cause.kind} at node {cause.node} gpu {cause.gpu}: no rank of the "
                   "job is bound there to move", cause.verdict_id, None, now_us, cfg, out)
         return
+    failed = [bound[r] for r in sorted(ranks) if r in bound]
+    survivors = [u for r, u in bound.items() if r not in ranks]
+    avoid |= failed_domains(s.pool, failed, survivors)
+    rank = cause.rank if cause.rank is not None else min(ranks)
     _migrate_or_escalate(s, job, rank, cause.verdict_id, cause.kind, 2, now_us, cfg, out,
-                         covered=covered)
+                         covered=covered, ranks=sorted(ranks), avoid=frozenset(avoid))
 
 
-def _rank_on(s: PolicyState, job: str, ov: OpenVerdict) -> int | None:
-    for rank, unit in sorted(s.pool.bound(job).items()):
-        if unit.node == ov.node and (ov.gpu is None or unit.labels.get("gpu") in (None,
-                                                                                  str(ov.gpu))):
-            return rank
-    return None
+def _order(ov: OpenVerdict) -> tuple[int, str]:
+    return ov.first_time, ov.verdict_id
+
+
+def _consequence(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
+    """A rank that left because a peer was lost (its own unit did not fail)."""
+    return (ov.kind == "process_exit" and ov.signal is None
+            and ov.exit_code in cfg.peer_exit_codes)
+
+
+def _ranks_on(s: PolicyState, job: str, ov: OpenVerdict) -> set[int]:
+    return {rank for rank, unit in s.pool.bound(job).items()
+            if unit.node == ov.node and (ov.gpu is None
+                                         or unit.labels.get("gpu") in (None, str(ov.gpu)))}
+
+
+def healthy_spares(s: PolicyState, job: str, avoid: frozenset[Domain]) -> list[Unit]:
+    """The job's spares outside every failed domain (reachability is the actuator's check)."""
+    return [u for u in s.pool.spares_for(job) if not domains(u) & avoid]
 
 
 def _migrate_or_escalate(s: PolicyState, job: str, rank: int, cause: str, reason: str,
                          tier: int, now_us: int, cfg: PolicyConfig, out: list[Decision],
-                         covered: list[str] | None = None) -> str | None:
-    if not s.pool.spares_for(job):
-        _escalate(s, job, f"{reason} at rank {rank}: no spare unit in the pool for job {job}; "
-                  "the job is not shrunk, a human must add capacity or decide", cause, rank,
-                  now_us, cfg, out)
+                         covered: list[str] | None = None, ranks: list[int] | None = None,
+                         avoid: frozenset[Domain] = frozenset()) -> str | None:
+    moving = ranks or [rank]
+    spares = healthy_spares(s, job, avoid)
+    if len(spares) < len(moving):
+        where = (f" outside the failed domain(s) {', '.join(format_domains(avoid))}"
+                 if avoid else "")
+        what = (f"at rank {rank}" if len(moving) == 1 else
+                f"at ranks {moving} together ({len(moving)} ranks to move, {len(spares)} "
+                f"healthy spare(s))")
+        _escalate(s, job, f"{reason} {what}: "
+                  f"{'no spare unit' if not spares else 'not enough spare units'} in the pool "
+                  f"for job {job}{where}; the job is not shrunk, a human must add capacity or "
+                  "decide", cause, rank, now_us, cfg, out)
         return None
-    unit = s.pool.bound(job).get(rank)
+    bound = s.pool.bound(job)
+    unit = bound.get(rank)
     params: FlatMap = {"rank": rank, "resume": True, "reason": reason,
                        "from_unit": unit.name if unit else None,
+                       "ranks": list(moving),
+                       "from_units": [bound[r].name if r in bound else None for r in moving],
+                       "avoid_domains": list(format_domains(avoid)),
                        "covered_verdicts": list(covered or [])}
     return _issue(s, job, CommandAction.MIGRATE, tier, cause, rank, params, now_us, cfg, out)
 

@@ -5,7 +5,13 @@ of the states spare, bound (job, rank, epoch), draining, fenced, failed. ``reduc
 event; ``rebuild`` folds a whole log, so a restarted actuator or decision service recovers the
 pool from the outcomes topic. ``choose_spare`` picks where a rank goes: only spares usable by the
 job (reserved for it, or unreserved), whose data path is reachable, preferring the same node,
-then the same switch/rack as the unit being replaced.
+then the same switch/rack as the unit being replaced. ``choose_spares`` does it for several
+ranks that failed together: one distinct spare each, never one inside a failure domain that
+just failed (``failed_domains``), or none at all (the job is never shrunk).
+
+A failure domain is a ``(level, value)`` pair: ``("node", unit.node)`` and one per topology
+label (``("rack", "r1")``, ``("drill_node", "node-b")``); the reservation label and a unit's GPU
+index are not domains.
 
 Epochs: every binding carries one; ``epochs[(job, rank)]`` is the highest ever bound, so a
 report carrying a lower epoch is from a stale replica (see ``fencing.is_stale``).
@@ -22,6 +28,8 @@ from trainguard.events.payloads import FlatMap, PoolUnit, UnitState
 
 RESERVED_LABEL = "reserved_for"
 DOMAIN_LABELS = ("switch", "rack")  # nearest first
+NOT_DOMAINS = frozenset({RESERVED_LABEL, "gpu"})  # labels that are no failure domain
+Domain = tuple[str, str]  # (level, value): ("node", "n1"), ("rack", "r1"), ("drill_node", "b")
 
 
 @dataclass(frozen=True)
@@ -111,21 +119,103 @@ class SpareChoice:
     reason: str  # why this one, or why none
 
 
+@dataclass(frozen=True)
+class SparePlan:
+    moves: Mapping[int, SpareChoice]  # rank -> its spare; empty when ``missing`` says why
+    missing: str | None = None
+
+
+def domains(u: Unit) -> frozenset[Domain]:
+    """The failure domains ``u`` is in: its node and its topology labels."""
+    out = {(k, v) for k, v in u.labels.items() if k not in NOT_DOMAINS}
+    if u.node is not None:
+        out.add(("node", u.node))
+    return frozenset(out)
+
+
+def failed_domains(state: PoolState, failed: Iterable[Unit],
+                   survivors: Iterable[Unit]) -> frozenset[Domain]:
+    """The failure domains that went down with the ``failed`` units of a job (ranks that
+    failed together): a domain of a failed unit is down when no unit of a surviving rank is in
+    it. Of those, the smallest are kept (a node, not the rack around it: ``domain A inside B``
+    when every unit of the pool in A is in B), plus the smallest domain holding every failed
+    unit (two nodes of one rack lost together: the rack). Needs two failed units or more: one
+    unit failing alone says nothing about its node (a process can die by itself)."""
+    down = [domains(u) for u in failed]
+    if len(down) < 2:
+        return frozenset()
+    alive: set[Domain] = set()
+    for u in survivors:
+        alive |= domains(u)
+    candidates = frozenset().union(*down) - alive
+    common = frozenset.intersection(*down) - alive
+    members = {d: frozenset(u.name for u in state.units.values() if d in domains(u))
+               for d in candidates}
+
+    def smallest(ds: frozenset[Domain]) -> frozenset[Domain]:
+        return frozenset(d for d in ds if not any(members[o] < members[d] for o in ds))
+
+    return smallest(candidates) | smallest(common)
+
+
+def format_domains(avoid: Iterable[Domain]) -> list[str]:
+    return [f"{k}={v}" for k, v in sorted(avoid)]
+
+
+def parse_domains(items: Iterable[object]) -> frozenset[Domain]:
+    """``format_domains`` read back ("level=value" strings; anything else is skipped)."""
+    out: set[Domain] = set()
+    for item in items:
+        if isinstance(item, str) and "=" in item:
+            k, v = item.split("=", 1)
+            out.add((k, v))
+    return frozenset(out)
+
+
+def choose_spares(state: PoolState, job: str, replacing: Mapping[int, Unit | None],
+                  unreachable: Mapping[str, str],
+                  avoid: frozenset[Domain] = frozenset()) -> SparePlan:
+    """A distinct spare for every rank in ``replacing`` (rank -> the unit it leaves), none in
+    a domain of ``avoid``; all of them or none (``missing`` says why): a job is never shrunk
+    and never half moved. Ranks choose in rank order, each the nearest to its own old unit."""
+    taken: set[str] = set()
+    moves: dict[int, SpareChoice] = {}
+    for rank in sorted(replacing):
+        choice = choose_spare(state, job, replacing[rank], unreachable, avoid, taken)
+        if choice.unit is None:
+            need = len(replacing)
+            return SparePlan({}, choice.reason if need == 1 else
+                             f"{need} ranks {sorted(replacing)} need a spare each; found "
+                             f"{len(moves)} ({choice.reason}); nothing moved")
+        moves[rank] = choice
+        taken.add(choice.unit.name)
+    return SparePlan(moves)
+
+
 def choose_spare(state: PoolState, job: str, replacing: Unit | None,
-                 unreachable: Mapping[str, str]) -> SpareChoice:
+                 unreachable: Mapping[str, str], avoid: frozenset[Domain] = frozenset(),
+                 taken: Iterable[str] = ()) -> SpareChoice:
     """The spare a rank of ``job`` should move to, or none with the reason.
 
     ``unreachable`` maps unit name -> why the job's storage cannot be reached from it (checked
-    at the edge by the backend before calling this).
+    at the edge by the backend before calling this). ``avoid``: failure domains that just
+    failed (no spare inside one is given); ``taken``: spares already given to other ranks.
     """
-    candidates = state.spares_for(job)
+    gone = set(taken)
+    candidates = [u for u in state.spares_for(job) if u.name not in gone]
     if not candidates:
         return SpareChoice(None, f"no spare unit in the pool for job {job} "
                                  f"(reserved for it or unreserved)")
-    usable = [u for u in candidates if u.name not in unreachable]
+    usable = [u for u in candidates if not domains(u) & avoid and u.name not in unreachable]
     if not usable:
-        why = "; ".join(f"{u.name}: {unreachable[u.name]}" for u in candidates)
-        return SpareChoice(None, f"no spare can reach the job's storage ({why})")
+        def why(u: Unit) -> str:
+            down = domains(u) & avoid
+            return (f"in the failed domain {', '.join(format_domains(down))}" if down
+                    else unreachable[u.name])
+        what = ("no spare outside the failed domain(s) " + ", ".join(format_domains(avoid))
+                if all(domains(u) & avoid for u in candidates)
+                else "no spare can reach the job's storage")
+        return SpareChoice(None, f"{what} ({'; '.join(f'{u.name}: {why(u)}' for u in candidates)})")
 
     def rank_of(u: Unit) -> tuple[int, tuple[bool, ...], str]:
         reserved = 0 if u.reserved_for == job else 1

@@ -56,6 +56,7 @@ class Actuator:
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.executor: Executor | None = None
         self.busy = False
+        self._pub: asyncio.Task[None] | None = None  # the publisher, while run() runs
 
     def _emit_threadsafe(self, loop: asyncio.AbstractEventLoop) -> Emit:
         def emit(event: Event) -> None:
@@ -69,6 +70,27 @@ class Actuator:
             if event.type == "replica.refused":
                 metrics.REFUSED_REPLICAS.labels(getattr(event.payload, "action", "?")).inc()
             self.queue.task_done()
+
+    def _start_publisher(self) -> None:
+        self._pub = asyncio.create_task(self._publisher(), name="actuator-publisher")
+
+    async def _published(self) -> None:
+        """Every queued event is on the log. A publisher that failed (the broker refused a
+        send) raises its error here rather than leaving this wait hanging for ever."""
+        pub = self._pub
+        assert pub is not None, "the publisher is started first"
+        join = asyncio.ensure_future(self.queue.join())
+        done, _ = await asyncio.wait({join, pub}, return_when=asyncio.FIRST_COMPLETED)
+        if join in done:
+            return
+        join.cancel()
+        pub.result()  # re-raises what stopped it
+        raise RuntimeError("the event publisher stopped with events still queued")
+
+    def _stop_publisher(self) -> None:
+        if self._pub is not None:
+            self._pub.cancel()
+            self._pub = None
 
     async def _rebuild(self) -> Executor:
         job = self.opts.job.job_id
@@ -102,7 +124,7 @@ class Actuator:
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = EventProducer(self.cfg)
         await self.producer.start()
-        pub = asyncio.create_task(self._publisher())
+        self._start_publisher()
         try:
             self.executor = ex = await self._rebuild()
             ex.register_units()
@@ -110,25 +132,27 @@ class Actuator:
                 epoch = await asyncio.to_thread(ex.launch_initial)
                 log.warning("actuator: launched job %s at epoch %d", self.opts.job.job_id,
                             epoch)
-            await self.queue.join()
+            await self._published()
             await self._serve(ex, stop)
         finally:
-            await self.queue.join()
-            pub.cancel()
-            await self.producer.stop()
+            try:
+                await self._published()
+            finally:
+                self._stop_publisher()
+                await self.producer.stop()
 
     async def teardown(self) -> list[str]:
         """Stop the job for good: fence every bound replica (confirmed dead, units released,
         each a ``pool.unit fenced`` event) and stop the warm launcher. What was released."""
         self.producer = EventProducer(self.cfg)
         await self.producer.start()
-        pub = asyncio.create_task(self._publisher())
+        self._start_publisher()
         try:
             ex = await self._rebuild()
             released, _ = await asyncio.to_thread(ex.fence_all, None, "teardown")
-            await self.queue.join()
+            await self._published()
         finally:
-            pub.cancel()
+            self._stop_publisher()
             await self.producer.stop()
         logs = self.opts.job.log_dir or self.opts.state_dir / "logs"
         zygote.stop(logs / f"zygote-{self.opts.job.job_id}.sock")
@@ -168,7 +192,7 @@ class Actuator:
                         subject=event.subject)
         metrics.OUTCOMES.labels(cmd.action.value, status.value).inc()
         await self.queue.put(ev)
-        await self.queue.join()  # the outcome is on the log before the next command
+        await self._published()  # the outcome is on the log before the next command
 
     async def handle(self, ex: Executor, event: Event) -> None:
         cmd = event.payload

@@ -57,9 +57,12 @@ def canonical(job_id: str, subject: Subject, command: Command) -> bytes:
     return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
 
 
+def _mac(key: bytes, job_id: str, subject: Subject, command: Command) -> str:
+    return hmac.new(key, canonical(job_id, subject, command), hashlib.sha256).hexdigest()
+
+
 def sign(key: bytes, job_id: str, subject: Subject, command: Command) -> Command:
-    mac = hmac.new(key, canonical(job_id, subject, command), hashlib.sha256).hexdigest()
-    return command.model_copy(update={"signature": SCHEME + mac})
+    return command.model_copy(update={"signature": SCHEME + _mac(key, job_id, subject, command)})
 
 
 def verify(key: bytes, event: Event) -> str | None:
@@ -71,7 +74,7 @@ def verify(key: bytes, event: Event) -> str | None:
         return "unsigned command"
     if not cmd.signature.startswith(SCHEME):
         return f"signature: unknown scheme (expected {SCHEME}...)"
-    want = hmac.new(key, canonical(event.job_id, event.subject, cmd), hashlib.sha256).hexdigest()
+    want = _mac(key, event.job_id, event.subject, cmd)
     if not hmac.compare_digest(want, cmd.signature[len(SCHEME):]):
         return "signature: does not verify (forged or altered command)"
     return None
