@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -40,8 +39,10 @@ from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
 from trainguard.events import decode
 from trainguard.events.envelope import Event
+from trainguard.events.errors import ContractError
 from trainguard.events.payloads import Command, CommandOutcome, PoolUnit, ProcessExit, Verdict
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
+from trainguard.workload.progress import read_progress
 
 WORLD = 4
 KEY = "bench-recovery-key-" + uuid.uuid4().hex
@@ -64,11 +65,7 @@ def progress(tmp: Path) -> list[dict[str, Any]]:
     for r in range(WORLD):
         path = tmp / f"progress-{r}.jsonl"
         if path.exists():
-            for line in path.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
+            out.extend(read_progress(path))
     return out
 
 
@@ -89,7 +86,7 @@ async def read_log(cfg: KafkaConfig) -> list[tuple[int, Event]]:
                 for r in recs:
                     try:
                         out.append((r.timestamp * 1000, decode(r.value)))
-                    except Exception:
+                    except ContractError:  # refused records are the DLQ's; bugs surface
                         continue
     finally:
         await consumer.stop()

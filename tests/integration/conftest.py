@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,8 +16,10 @@ import pytest
 
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import EventConsumer
 from trainguard.dev.kafka import BrokerInfo, KafkaBroker
-from trainguard.events.topics import TOPIC_SPECS, TopicNames
+from trainguard.events.envelope import Event
+from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
 
 T = TypeVar("T")
 
@@ -25,6 +27,20 @@ T = TypeVar("T")
 def arun(coro: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
     """Run a coroutine to completion, bounded: no integration wait is unbounded."""
     return asyncio.run(asyncio.wait_for(coro, timeout_s))
+
+
+def read_events(kafka: KafkaConfig, roles: Sequence[TopicRole], *, idle_ms: int = 1000,
+                limit_s: float = 30.0) -> list[Event]:
+    """Every valid event now on ``roles``, read without a consumer group (partition order)."""
+    async def go() -> list[Event]:
+        consumer = EventConsumer(kafka, roles, group_id=None, name="test-reader", dlq=None)
+        await consumer.start()
+        try:
+            return [d.event for d in await consumer.drain(idle_ms=idle_ms, limit_s=limit_s)]
+        finally:
+            await consumer.stop()
+
+    return arun(go(), timeout_s=limit_s + 30)
 
 
 @pytest.fixture(scope="session")

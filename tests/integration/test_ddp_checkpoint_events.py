@@ -11,27 +11,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from tests.integration.conftest import arun
+from tests.integration.conftest import read_events
 from tests.integration.ddp_support import Job, wait_all
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import Delivered, EventConsumer
 from trainguard.dev.kafka import free_port
 from trainguard.events.payloads import CheckpointEvent
 from trainguard.events.topics import TopicRole
 from trainguard.workload.ddp import EXIT_OK
-
-
-def _read(kafka: KafkaConfig) -> list[Delivered]:
-    async def go() -> list[Delivered]:
-        consumer = EventConsumer(kafka, [TopicRole.TASK], group_id=None, name="ckpt-check",
-                                 dlq=None)
-        await consumer.start()
-        try:
-            return await consumer.drain(idle_ms=1000, limit_s=30)
-        finally:
-            await consumer.stop()
-
-    return arun(go())
 
 
 def test_checkpoint_events_reach_kafka_through_the_agent(kafka: KafkaConfig,
@@ -67,7 +53,7 @@ def test_checkpoint_events_reach_kafka_through_the_agent(kafka: KafkaConfig,
                 agent.kill()
                 agent.wait()
 
-    events = [d.event for d in _read(kafka) if d.event.type == "checkpoint"]
+    events = [e for e in read_events(kafka, [TopicRole.TASK]) if e.type == "checkpoint"]
     got = [(e.payload.action.value, e.payload.step) for e in events
            if isinstance(e.payload, CheckpointEvent)]
     assert got == [("written", 2), ("written", 4), ("written", 6),

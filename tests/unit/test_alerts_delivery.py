@@ -29,6 +29,7 @@ from trainguard.alerts.secrets import (
     install_redaction,
     url_secret_parts,
 )
+from trainguard.dev.kafka import free_port
 from trainguard.events.payloads import IncidentState
 
 TOKEN = "xoxb-T0KEN-abcdef0123456789"
@@ -121,8 +122,10 @@ def test_backoff_is_bounded() -> None:
         assert 0 <= b.delay(attempt, rng) <= 4.0
     assert b.delay(1, rng, retry_after_s=3600) == 60
     assert b.gives_up_after(6) and not b.gives_up_after(5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_attempts"):
         Backoff(max_attempts=0)
+    with pytest.raises(ValueError, match="cap_s"):
+        Backoff(base_s=2.0, cap_s=1.0)
 
 
 def test_slack_gets_at_most_one_message_per_second() -> None:
@@ -207,11 +210,7 @@ def scrubbed_root(caplog: pytest.LogCaptureFixture) -> Iterator[Redactor]:
 def test_no_secret_in_logs_or_outcomes_when_the_endpoint_fails(
         caplog: pytest.LogCaptureFixture, scrubbed_root: Redactor) -> None:
     """Real HTTP attempts (refused connection, bad URL), every log line captured."""
-    import socket
-
-    with socket.socket() as s:  # a port with nobody listening
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port with nobody listening
     urls = [f"http://127.0.0.1:{port}/services/T000/B000/{TOKEN}",
             f"http://[::1/services/T000/B000/{TOKEN}"]
     poster = AiohttpPoster()

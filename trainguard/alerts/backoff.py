@@ -15,8 +15,12 @@ class Backoff:
     max_retry_after_s: float = 120.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1 or self.base_s < 0 or self.cap_s < self.base_s:
-            raise ValueError(f"bad backoff {self}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts: must be >= 1 (got {self.max_attempts})")
+        if self.base_s < 0:
+            raise ValueError(f"base_s: must be >= 0 (got {self.base_s})")
+        if self.cap_s < self.base_s:
+            raise ValueError(f"cap_s: must be >= base_s {self.base_s} (got {self.cap_s})")
 
     def delay(self, attempt: int, rng: random.Random, retry_after_s: float | None = None) -> float:
         """Seconds to wait after failed attempt number ``attempt`` (1-based)."""

@@ -7,10 +7,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -63,16 +62,5 @@ def _run(args: argparse.Namespace) -> int:
             print(f"released: {item}")
         return 0
     metrics.serve(args.metrics_port)
-    return _serve(actuator.run)
-
-
-def _serve(run: object) -> int:
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await run(stop)  # type: ignore[operator]
-
-    asyncio.run(main())
+    run_until_stopped(actuator.run)
     return 0

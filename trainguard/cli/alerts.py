@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
 
 if TYPE_CHECKING:
     from trainguard.alerts.config import AlertsConfig
@@ -84,18 +82,9 @@ def _run(args: argparse.Namespace) -> int:
                           registry=service.metrics.registry)
         log.warning("alerts: /metrics on %s:%d", args.metrics_addr, args.metrics_port)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if args.duration:
-            loop.call_later(args.duration, stop.set)
-        await service.run(stop)
-
     log.warning("alerts: %d channel(s): %s", len(config.channels),
                 ", ".join(b.channel.policy.name for b in config.channels))
-    asyncio.run(main())
+    run_until_stopped(service.run, args.duration)
     return 0
 
 

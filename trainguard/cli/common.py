@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import signal
+from collections.abc import Awaitable, Callable
 
 from trainguard.bus.config import KafkaConfig
 from trainguard.dev.kafka import KafkaBroker
@@ -24,3 +27,18 @@ def kafka_config(args: argparse.Namespace, client_id: str = "trainguard") -> Kaf
             bootstrap = dev.bootstrap
     return KafkaConfig.from_env(bootstrap=bootstrap, topic_prefix=getattr(args, "prefix", None),
                                 client_id=client_id)
+
+
+def run_until_stopped(run: Callable[[asyncio.Event], Awaitable[None]],
+                      duration_s: float | None = None) -> None:
+    """``run(stop)`` in a fresh event loop; SIGINT, SIGTERM or ``duration_s`` set ``stop``."""
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if duration_s:
+            loop.call_later(duration_s, stop.set)
+        await run(stop)
+
+    asyncio.run(main())

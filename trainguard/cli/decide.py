@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,7 +36,6 @@ def _run(args: argparse.Namespace) -> int:
     from trainguard.actuators.decider import Decider, DeciderOptions
     from trainguard.actuators.policy import PolicyConfig
     from trainguard.actuators.signing import SigningKeyError, load_key
-    from trainguard.cli.actuator import _serve
 
     try:
         key = load_key(key_file=args.key_file)
@@ -51,4 +50,5 @@ def _run(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port)
     decider = Decider(cfg, DeciderOptions(key=key, policy=pol,
                                           jobs=frozenset(args.job) if args.job else None))
-    return _serve(decider.run)
+    run_until_stopped(decider.run)
+    return 0

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
 from trainguard.incidents.query import IncidentNotFound, find, incident_views
@@ -105,15 +104,11 @@ def _show(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     cfg = kafka_config(args, client_id="trainguard-incidents")
 
-    async def run() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+    async def run(stop: asyncio.Event) -> None:
         stats = await serve(cfg, settings=settings_of(args), group=args.group,
                             idle_flush_s=args.idle_flush_s, stop=stop)
         print(f"incidents: consumed {stats.consumed}, published {stats.published}, "
               f"already published {stats.already_published}")
 
-    asyncio.run(run())
+    run_until_stopped(run)
     return 0

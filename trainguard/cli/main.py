@@ -8,14 +8,37 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
-from trainguard.cli import agent, demo, dev, events, streams, topics
+from trainguard.cli import (
+    actuator,
+    agent,
+    alerts,
+    dashboards,
+    decide,
+    demo,
+    dev,
+    drill,
+    events,
+    incident,
+    metrics,
+    replay,
+    streams,
+    topics,
+)
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 SUBCOMMANDS: tuple[Register, ...] = (
+    actuator.register,
     agent.register,
+    alerts.register,
+    dashboards.register,
+    decide.register,
     demo.register,
     dev.register,
+    drill.register,
     events.register,
+    incident.register,
+    metrics.register,
+    replay.register,
     streams.register,
     topics.register,
 )

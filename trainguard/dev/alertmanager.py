@@ -8,15 +8,13 @@ import os
 import shutil
 import signal
 import subprocess
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from trainguard.dev.kafka import free_port
+from trainguard.dev.ready import wait_ready
 
 CANDIDATES = ("prometheus-alertmanager", "alertmanager")
 
@@ -84,16 +82,11 @@ class LocalAlertmanager:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True)
         self.info = AlertmanagerInfo(self._proc.pid, port, str(self.root))
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise AlertmanagerError(f"alertmanager exited with {self._proc.returncode}:\n"
-                                        f"{self.tail()}")
-            if _ready(self.info.url):
-                return self.info
-            time.sleep(0.1)
+        problem = wait_ready(self.info.url, self._proc, timeout_s)
+        if problem is None:
+            return self.info
         self.stop()
-        raise AlertmanagerError(f"alertmanager not ready after {timeout_s:.0f}s:\n{self.tail()}")
+        raise AlertmanagerError(f"alertmanager {problem}:\n{self.tail()}")
 
     def stop(self, grace_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
@@ -117,11 +110,3 @@ class LocalAlertmanager:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/-/ready", timeout=1) as resp:
-            return int(resp.status) == 200
-    except (urllib.error.URLError, OSError):
-        return False

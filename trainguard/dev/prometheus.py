@@ -12,7 +12,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,6 +23,7 @@ from typing import Any
 import yaml
 
 from trainguard.dev.kafka import free_port
+from trainguard.dev.ready import wait_ready
 
 
 class PrometheusError(RuntimeError):
@@ -82,23 +82,10 @@ class PrometheusServer:
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        self._wait_ready(timeout_s)
+        problem = wait_ready(self.url, self._proc, timeout_s, poll_s=0.2)
+        if problem is not None:
+            raise PrometheusError(f"prometheus {problem}: {self.log_tail()}")
         return self.url
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
-                raise PrometheusError(f"prometheus exited ({self._proc.returncode}): "
-                                      f"{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        raise PrometheusError(f"prometheus not ready after {timeout_s}s: {self.log_tail()}")
 
     def log_tail(self, chars: int = 2000) -> str:
         path = self.root / "prometheus.log" if self.root else None

@@ -8,18 +8,19 @@ background thread, so it serves whatever event loop the sender runs in.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import json
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+from trainguard.alerts.signing import dingtalk_sign, feishu_sign, webhook_sign
+from trainguard.dev.http_server import BackgroundHTTPServer
 
 MAX_SKEW_S = 3600.0  # Feishu and DingTalk refuse signatures more than an hour off
 
@@ -65,8 +66,7 @@ def feishu_check(secret: str, max_skew_s: float = MAX_SKEW_S) -> Check:
             return "no timestamp/sign in the body"
         if abs(time.time() - int(ts)) > max_skew_s:
             return "timestamp too far from now"
-        key = f"{ts}\n{secret}".encode()
-        want = base64.b64encode(hmac.new(key, b"", hashlib.sha256).digest()).decode()
+        want = feishu_sign(int(ts), secret)
         return None if hmac.compare_digest(want, sign) else "sign mismatch"
     return check
 
@@ -80,8 +80,7 @@ def dingtalk_check(secret: str, token: str, max_skew_s: float = MAX_SKEW_S) -> C
             return "no timestamp/sign in the query"
         if abs(time.time() * 1000 - int(ts)) > max_skew_s * 1000:
             return "timestamp too far from now"
-        mac = hmac.new(secret.encode(), f"{ts}\n{secret}".encode(), hashlib.sha256)
-        want = base64.b64encode(mac.digest()).decode()
+        want = dingtalk_sign(int(ts), secret)
         return None if hmac.compare_digest(want, sign) else "sign mismatch"
     return check
 
@@ -94,8 +93,8 @@ def hmac_check(secret: str, max_skew_s: float = 300.0) -> Check:
             return "no X-Trainguard-Timestamp/Signature"
         if abs(time.time() - int(ts)) > max_skew_s:
             return "timestamp too far from now"
-        mac = hmac.new(secret.encode(), f"{ts}.".encode() + r.body, hashlib.sha256)
-        return None if hmac.compare_digest("sha256=" + mac.hexdigest(), sig) else "bad HMAC"
+        want = webhook_sign(int(ts), r.body, secret)
+        return None if hmac.compare_digest(want, sig) else "bad HMAC"
     return check
 
 
@@ -120,29 +119,21 @@ class WebhookReceiver:
         self.record_to = record_to
         self._records: list[Received] = []
         self._lock = threading.Condition()
-        self._server = ThreadingHTTPServer((host, port), self._handler_class())
-        self._server.daemon_threads = True
-        self._thread: threading.Thread | None = None
+        self._server = BackgroundHTTPServer(self._handler_class(), host, port, name="webhook-rx")
 
     @property
     def base_url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._server.base_url
 
     def url(self, path: str) -> str:
         return self.base_url + path
 
     def start(self) -> WebhookReceiver:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-rx",
-                                        daemon=True)
-        self._thread.start()
+        self._server.start()
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._server.stop()
 
     def __enter__(self) -> WebhookReceiver:
         return self.start()

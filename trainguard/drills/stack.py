@@ -131,7 +131,8 @@ class LocalStack:
         return KafkaConfig(bootstrap=info.bootstrap, topic_prefix=self.prefix,
                            client_id=client_id)
 
-    def _cli(self, *args: str) -> list[str]:
+    def cli(self, *args: str) -> list[str]:
+        """The argv of ``trainguard ARGS`` against this stack's broker and prefix."""
         assert self.info is not None, "enter the stack first"
         return [sys.executable, "-m", "trainguard.cli.main", *args,
                 "--bootstrap", self.info.bootstrap, "--prefix", self.prefix]
@@ -147,8 +148,13 @@ class LocalStack:
 
     # --- the services ---------------------------------------------------------------------
 
+    def start_service(self, name: str, args: Sequence[str],
+                      env: dict[str, str] | None = None) -> Service:
+        """Any other ``trainguard`` service (alerts, metrics) under this stack's supervision."""
+        return self._start(name, self.cli(*args), env)
+
     def start_agent(self, interval_s: float = 0.5) -> Service:
-        svc = self._start("agent", [*self._cli(
+        svc = self._start("agent", [*self.cli(
             "agent", "--node", self.node, "--interval", str(interval_s), "--metrics-port", "0",
             "--gpu", "none", "--no-kernel-log", "--spool-dir", str(self.root / "spool"),
             "--socket", str(self.agent_socket))])
@@ -160,16 +166,16 @@ class LocalStack:
         return svc
 
     def start_streams(self) -> Service:
-        return self._start("streams", self._cli("streams", "--datadir",
+        return self._start("streams", self.cli("streams", "--datadir",
                                                 str(self.root / "streams")))
 
     def start_decide(self, window_s: float = 3.0, settle_s: float = 1.5) -> Service:
-        return self._start("decide", self._cli(
+        return self._start("decide", self.cli(
             "decide", "--key-file", str(self.key_file), "--window-s", str(window_s),
             "--settle-s", str(settle_s), "--outcome-timeout-s", "120"))
 
     def start_incidents(self) -> Service:
-        return self._start("incidents", self._cli("incident", "serve", "--idle-flush-s", "2",
+        return self._start("incidents", self.cli("incident", "serve", "--idle-flush-s", "2",
                                                   "--lateness-ms", "5000"))
 
     def start_services(self, names: Sequence[str] = ("agent", "streams", "decide",
@@ -184,7 +190,7 @@ class LocalStack:
                 str(self.root / f"actuator-{job_id}"), "--key-file", str(self.key_file)]
         if launch:
             args.append("--launch")
-        return self._start(f"actuator-{job_id}", self._cli(*args))
+        return self._start(f"actuator-{job_id}", self.cli(*args))
 
     def stop(self, name: str, grace_s: float = 10.0) -> int | None:
         """Stop one service; it is no longer listed."""

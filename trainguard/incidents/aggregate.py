@@ -38,6 +38,7 @@ from trainguard.incidents.model import (
     OutcomeRef,
     StepRef,
     VerdictRef,
+    order_key,
 )
 from trainguard.incidents.recovery import recovery_evidence
 from trainguard.incidents.settings import SEVERITY_RANK, SOURCE, IncidentSettings
@@ -316,10 +317,6 @@ class IncidentBook:
 
 def _where(event: Event) -> str:
     return ", ".join(f"{k} {v}" for k, v in event.subject.model_dump(exclude_none=True).items())
-
-
-def order_key(event: Event) -> tuple[int, str]:
-    return (event.event_time, event.event_id)
 
 
 def rebuild_incidents(events: Iterable[Event], settings: IncidentSettings | None = None

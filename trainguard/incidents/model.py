@@ -10,6 +10,11 @@ from trainguard.events.payloads import CommandAction, IncidentState, OutcomeStat
 
 TERMINAL = frozenset({IncidentState.RECOVERED, IncidentState.UNRECOVERABLE})
 HEAVY_ACTIONS = frozenset({CommandAction.MIGRATE, CommandAction.RESUME})
+
+
+def order_key(event: Event) -> tuple[int, str]:
+    """The log's one order: event time, then event id (ties broken the same on every replay)."""
+    return (event.event_time, event.event_id)
 TIER_ACTIONS = frozenset({CommandAction.RAISE_QUOTA, CommandAction.MIGRATE, CommandAction.RESUME})
 FINAL_STATUSES = frozenset({OutcomeStatus.DONE, OutcomeStatus.FAILED, OutcomeStatus.TIMED_OUT,
                             OutcomeStatus.REFUSED})

@@ -18,6 +18,7 @@ from trainguard.events.codec import decode, encode
 from trainguard.events.envelope import Event
 from trainguard.events.errors import ContractError
 from trainguard.events.topics import TopicNames, TopicRole
+from trainguard.incidents.model import order_key
 
 log = logging.getLogger(__name__)
 LOG_ROLES: tuple[TopicRole, ...] = tuple(r for r in TopicRole if r is not TopicRole.DLQ)
@@ -56,8 +57,7 @@ def read_log_file(path: Path) -> list[Event]:
 
 def order(events: Iterable[Event]) -> list[Event]:
     """Deduplicated by event id, in (event_time, event_id) order."""
-    return sorted({e.event_id: e for e in events}.values(),
-                  key=lambda e: (e.event_time, e.event_id))
+    return sorted({e.event_id: e for e in events}.values(), key=order_key)
 
 
 def write_log(events: Iterable[Event], out: IO[bytes]) -> int:

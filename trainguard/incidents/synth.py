@@ -32,6 +32,7 @@ from trainguard.events.payloads import (
     Verdict,
     VerdictState,
 )
+from trainguard.incidents.model import order_key
 from trainguard.rules import RuleEngine, RuleSet, load_default_rules
 
 T0 = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
@@ -157,7 +158,7 @@ def live_verdicts(events: Iterable[Event], rules: RuleSet, job: str) -> list[Eve
     """The verdicts a live streams worker records: every released event evaluated, no flush."""
     engine = RuleEngine(job, rules)
     out: list[Event] = []
-    for ev in sorted(events, key=lambda e: (e.event_time, e.event_id)):
+    for ev in sorted(events, key=order_key):
         if ev.type in ("step.report", "heartbeat", "process.exit", "checkpoint",
                        "telemetry.node", "node.health"):
             out += engine.feed(ev)
@@ -242,4 +243,4 @@ def incident_log(sc: Scenario | None = None, rules: RuleSet | None = None) -> li
     obs = observations(sc)
     verdicts = live_verdicts(obs, rules or load_default_rules(), sc.job)
     log = obs + verdicts + decisions(sc, verdicts)
-    return sorted(log, key=lambda e: (e.event_time, e.event_id))
+    return sorted(log, key=order_key)

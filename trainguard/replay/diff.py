@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import IncidentTransition, Verdict
+from trainguard.incidents.model import order_key
 from trainguard.incidents.query import canonical
 
 
@@ -40,7 +41,7 @@ def diff_verdicts(recorded: Sequence[Event], replayed: Sequence[Event], *,
     rec = {e.event_id: e for e in recorded}
     rep = {e.event_id: e for e in replayed}
     out = VerdictDiff()
-    for eid in sorted(rec.keys() | rep.keys(), key=lambda i: _time(rec.get(i) or rep[i])):
+    for eid in sorted(rec.keys() | rep.keys(), key=lambda i: order_key(rec.get(i) or rep[i])):
         a, b = rec.get(eid), rep.get(eid)
         if a is None:
             assert b is not None
@@ -52,10 +53,6 @@ def diff_verdicts(recorded: Sequence[Event], replayed: Sequence[Event], *,
         else:
             out.changed.append((a, b))
     return out
-
-
-def _time(e: Event) -> tuple[int, str]:
-    return (e.event_time, e.event_id)
 
 
 @dataclass(frozen=True)

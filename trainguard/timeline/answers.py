@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import ProcessExit, Severity
-from trainguard.incidents.model import Incident, StepRef, VerdictRef
+from trainguard.incidents.model import Incident, StepRef, VerdictRef, order_key
 from trainguard.timeline.model import QUESTIONS, Answer
 
 QUESTION = dict(QUESTIONS)
@@ -59,7 +59,7 @@ def old_replica_stopped(inc: Incident, events: Sequence[Event]) -> Answer:
     ids: list[str] = []
     time: int | None = None
     if exits:
-        e = min(exits, key=lambda x: (x.event_time, x.event_id))
+        e = min(exits, key=order_key)
         p = e.payload
         assert isinstance(p, ProcessExit)
         how = f"signal {p.signal}" if p.signal is not None else f"exit code {p.exit_code}"

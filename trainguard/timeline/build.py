@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import IncidentTransition, Injection
-from trainguard.incidents.model import Incident
+from trainguard.incidents.model import Incident, order_key
 from trainguard.timeline.answers import four_answers
 from trainguard.timeline.marks import (
     action_marks,
@@ -48,8 +48,7 @@ def in_window(inc: Incident, events: Sequence[Event]) -> list[Event]:
     out = [e for e in events if start <= e.event_time <= end
            and (e.job_id == inc.job_id or (e.type in NODE_TYPES and e.subject.node in nodes))
            and e.type != "incident.transition"]
-    return sorted({e.event_id: e for e in out}.values(),
-                  key=lambda e: (e.event_time, e.event_id))
+    return sorted({e.event_id: e for e in out}.values(), key=order_key)
 
 
 def build_timeline(inc: Incident, events: Sequence[Event]) -> Timeline:

@@ -22,7 +22,7 @@ from trainguard.events.payloads import (
     StepReport,
     UnitState,
 )
-from trainguard.incidents.model import Incident
+from trainguard.incidents.model import Incident, order_key
 from trainguard.timeline.model import Mark
 
 GAP_FACTOR = 5.0  # a silence this many median step intervals long splits a rank's span
@@ -58,7 +58,7 @@ def task_marks(events: Sequence[Event]) -> list[Mark]:
 
 
 def _step_spans(rank: int, epoch: int, evs: list[Event]) -> list[Mark]:
-    evs = sorted(evs, key=lambda e: (e.event_time, e.event_id))
+    evs = sorted(evs, key=order_key)
     times = [e.event_time for e in evs]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     limit = max(statistics.median(gaps) * GAP_FACTOR if gaps else 0.0, MIN_GAP_US)
@@ -84,6 +84,7 @@ def network_marks(events: Sequence[Event]) -> list[Mark]:
     out: list[Mark] = []
     rtts: dict[tuple[str, str], list[tuple[int, float, str]]] = defaultdict(list)
     errors: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)
+    carrier: dict[tuple[str, str], list[tuple[int, bool, str]]] = defaultdict(list)
     for e in events:
         p = e.payload
         node = e.subject.node or "?"
@@ -102,10 +103,10 @@ def network_marks(events: Sequence[Event]) -> list[Mark]:
                 errs = (nic.rx_errors or 0) + (nic.tx_errors or 0) + (nic.rx_dropped or 0) \
                     + (nic.tx_dropped or 0)
                 errors[(node, nic.name)].append((e.event_time, errs, e.event_id))
-                if nic.carrier is False or (nic.operstate or "up") == "down":
-                    out.append(Mark("network", f"{node} {nic.name}", e.event_time,
-                                    f"{nic.name} on {node}: no carrier", event_id=e.event_id,
-                                    level="bad"))
+                down = nic.carrier is False or (nic.operstate or "up") == "down"
+                carrier[(node, nic.name)].append((e.event_time, down, e.event_id))
+    for (node, nic_name), states in sorted(carrier.items()):
+        out += _no_carrier_marks(node, nic_name, states)
     for (node, peer), samples in sorted(rtts.items()):
         out += _rtt_marks(node, peer, samples)
     for (node, nic_name), counts in sorted(errors.items()):
@@ -114,6 +115,18 @@ def network_marks(events: Sequence[Event]) -> list[Mark]:
                 out.append(Mark("network", f"{node} {nic_name}", t,
                                 f"{nic_name} on {node}: +{now - before} errors/drops",
                                 event_id=eid, level="warn"))
+    return out
+
+
+def _no_carrier_marks(node: str, nic: str, states: list[tuple[int, bool, str]]) -> list[Mark]:
+    """One mark per run of samples without carrier (a NIC down for an hour is one span)."""
+    out: list[Mark] = []
+    for down, run in itertools.groupby(states, key=lambda s: s[1]):
+        if down:
+            samples = list(run)
+            out.append(Mark("network", f"{node} {nic}", samples[0][0],
+                            f"{nic} on {node}: no carrier", end=samples[-1][0],
+                            event_id=samples[0][2], level="bad"))
     return out
 
 

@@ -7,12 +7,14 @@ import gzip
 import threading
 import zlib
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
+from trainguard.dev.http_server import BackgroundHTTPServer
 
 
 @dataclass(frozen=True)
@@ -32,25 +34,22 @@ class OtlpReceiver:
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer((host, port), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = BackgroundHTTPServer(self._handler(), host, port, name="otlp-rx")
 
     @property
     def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}/v1/traces"
+        return f"{self._server.base_url}/v1/traces"
 
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:
             return list(self._spans)
 
     def __enter__(self) -> OtlpReceiver:
-        self._thread.start()
+        self._server.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
 
     def _record(self, body: bytes) -> None:
         req = ExportTraceServiceRequest.FromString(body)

@@ -60,6 +60,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--progress-file", type=Path, default=None, help="per-rank JSONL log")
     ap.add_argument("--batch", type=int, default=32, help="samples per rank per step")
     ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--hidden", type=int, default=64,
+                    help="width of the model's hidden layers (its compute per step)")
     ap.add_argument("--timeout-s", type=float, default=30.0,
                     help="collective timeout: a lost or hung peer ends the rank (exit 3)")
     ap.add_argument("--rendezvous-timeout-s", type=float, default=300.0,
@@ -71,7 +73,7 @@ def parser() -> argparse.ArgumentParser:
 def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.world_size < 1 or not 0 <= args.rank < args.world_size:
         ap.error(f"--rank {args.rank}: must be in 0..--world-size-1 ({args.world_size})")
-    for name in ("steps", "batch"):
+    for name in ("steps", "batch", "hidden"):
         if getattr(args, name) < 1:
             ap.error(f"--{name}: >= 1, got {getattr(args, name)}")
     if args.ckpt_every < 0 or args.keep < 1:
@@ -112,6 +114,13 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    # A rank forked from a warm launcher inherits torch's thread pool from before its
+    # environment was set: apply OMP_NUM_THREADS here (ranks pinned two to a core otherwise
+    # spin against each other).
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+
     from trainguard.sdk import StepReporter
     from trainguard.sdk.checkpoint.collective import TorchCollective
     from trainguard.sdk.checkpoint.manager import (
@@ -121,7 +130,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     )
     from trainguard.sdk.checkpoint.store import CorruptFile
     from trainguard.workload.data import SampleStream
-    from trainguard.workload.model import SmallNet
+    from trainguard.workload.model import SmallNet, average_gradients
     from trainguard.workload.progress import ProgressLog
 
     rank, world = args.rank, args.world_size
@@ -168,7 +177,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
 
     stream = SampleStream(args.seed)
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = SmallNet(stream.features, stream.classes).to(device)
+    model = SmallNet(stream.features, stream.classes, hidden=args.hidden).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     try:
         restored = manager.resume(model, optimizer)
@@ -192,20 +201,26 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
         t1 = time.perf_counter()
         try:
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(x), y)
-            loss.backward()  # the gradient all-reduce: fails or times out when a peer is lost
+            # This rank's own gradient compute, timed apart from the exchange: inside DDP's
+            # overlapped backward a fast rank's time would include waiting for the slowest,
+            # and every rank would look as slow as the straggler.
+            with ddp.no_sync():
+                loss = loss_fn(ddp(x), y)
+                loss.backward()
+            t2 = time.perf_counter()
+            average_gradients(model, world)  # fails or times out when a peer is lost
+            t3 = time.perf_counter()
             optimizer.step()
             loss_value = float(loss.item())
         except RuntimeError as exc:
             leave(EXIT_PEER_LOST, f"lost a peer at step {step + 1}: {exc}")
-        t2 = time.perf_counter()
         step += 1
         position += global_batch
         floor_s = args.step_ms / 1000 - (time.perf_counter() - t0)
         if floor_s > 0:
             time.sleep(floor_s)
         reporter.step(step, position, compute_ms=(t2 - t1) * 1000,
-                      data_wait_ms=(t1 - t0) * 1000,
+                      comm_ms=(t3 - t2) * 1000, data_wait_ms=(t1 - t0) * 1000,
                       step_ms=(time.perf_counter() - t0) * 1000, loss=loss_value)
         progress.write("step", step=step, samples_consumed=position,
                        data_epoch=stream.epoch_of(position - 1), loss=loss_value)

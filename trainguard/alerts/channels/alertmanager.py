@@ -24,9 +24,6 @@ from trainguard.events.clock import US_PER_S, to_iso
 
 ALERTMANAGER_LIMITS = (Limit(10, 1.0),)
 ALERTNAME = "TrainguardIncident"
-SEVERITY = {NoticeKind.OPENED: "critical", NoticeKind.REOPENED: "critical",
-            NoticeKind.ESCALATED: "critical", NoticeKind.UNRECOVERABLE: "critical",
-            NoticeKind.RECOVERED: "none"}
 
 
 def alert_doc(n: Notice, now_s: float, resend_s: float) -> dict[str, Any]:

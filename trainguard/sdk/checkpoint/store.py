@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Final
 
 from trainguard.sdk.checkpoint import manifest as mf
-from trainguard.sdk.checkpoint.atomic import READ_CHUNK, atomic_write_bytes, fsync_dir
+from trainguard.sdk.checkpoint.atomic import atomic_write_bytes, file_digest, fsync_dir
 
 STEP_DIR_RE: Final = re.compile(r"^step-(\d{12})$")
 QUARANTINE: Final = "quarantine"
@@ -171,21 +171,14 @@ class CheckpointStore:
 
 
 def _check_file(path: Path, entry: mf.FileEntry) -> str | None:
-    h = hashlib.sha256()
-    size = 0
     try:
-        with open(path, "rb", buffering=0) as f:
-            buf = bytearray(READ_CHUNK)
-            view = memoryview(buf)
-            while n := f.readinto(buf):
-                h.update(view[:n])
-                size += n
+        digest, size = file_digest(path)
     except FileNotFoundError:
         return "missing"
     except OSError as exc:
         return f"unreadable ({exc})"
     if size != entry.size:
         return f"{size} bytes, the manifest says {entry.size}"
-    if h.hexdigest() != entry.sha256:
+    if digest != entry.sha256:
         return "sha256 does not match the manifest"
     return None

@@ -1,0 +1,294 @@
+"""The demo: the whole loop on a real local PyTorch DDP job with injected faults.
+
+1. the local stack as plain processes (``trainguard.drills.stack``): a real Kafka broker, the
+   node agent, the streams worker (rules), the decision service, the incident service, the
+   alerts service posting to a local chat receiver, and an actuator that launches the job —
+   4 DDP ranks (gloo) on units of this machine, with 1 spare unit in the pool;
+2. once the job has written checkpoints: rank 3 is killed with SIGKILL → process_exit verdict →
+   a signed migrate command → the old replicas fenced, rank 3 bound to the spare, every rank
+   resumed from the last valid checkpoint at the next epoch;
+3. then rank 1's unit is throttled to 10% of a core through its cgroup → straggler verdict →
+   tier 1 raises the unit's quota → the rank catches up and the verdict resolves;
+4. each injection is an ``injection`` event; at the end the incidents are read back from the
+   log (`trainguard incident list/show`, the four questions answered), the replay check
+   reproduces them, and the chat receiver's messages are counted.
+
+Everything it writes stays under ``.run/demo/<time>/`` (logs, checkpoints, the HTML timelines).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from trainguard.actuators.jobspec import ddp_job_doc
+from trainguard.dev.webhook_receiver import Route, WebhookReceiver, hmac_check, path_token_check
+from trainguard.drills.injectors.base import Acted, InjectionError
+from trainguard.drills.injectors.slowdown import CgroupThrottle
+from trainguard.drills.job import THREADS
+from trainguard.drills.live import view
+from trainguard.drills.logtail import LogTail, publish, read_job_log
+from trainguard.drills.stack import LocalStack
+from trainguard.events.clock import now_us
+from trainguard.events.codec import make_event
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.ids import new_event_id
+from trainguard.events.payloads import (
+    Command,
+    CommandAction,
+    CommandOutcome,
+    IncidentState,
+    IncidentTransition,
+    Injection,
+    OutcomeStatus,
+    PoolUnit,
+    UnitState,
+    Verdict,
+    VerdictState,
+)
+
+JOB = "demo-job"
+NODE = "demo-node"
+WORLD = 4
+THROTTLE_PCT = 10
+HIDDEN = 768
+Say = Callable[[str], None]
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+@dataclass
+class DemoOutcome:
+    run_dir: Path
+    prefix: str
+    injections: list[tuple[str, int]] = field(default_factory=list)
+    incidents: dict[str, IncidentState] = field(default_factory=dict)
+    ended_at: int = 0
+    chat_messages: int = 0
+
+
+def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"demo{secrets.token_hex(3)}"
+    out = DemoOutcome(run_dir, prefix)
+    with LocalStack(run_dir, prefix=prefix, node=NODE, say=say) as stack, \
+            _Chat() as (rx, chat_env):
+        stack.start_services(("agent", "streams", "decide", "incidents"))
+        stack.start_service("alerts", ["alerts", "run", "--config",
+                                       str(_alerts_config(run_dir, rx)),
+                                       "--from-offset", "earliest"], env=chat_env)
+        spec = run_dir / "job.yaml"
+        doc = ddp_job_doc(JOB, world_size=WORLD, spares=1, ckpt_dir=run_dir / "ckpt",
+                          node=NODE, agent_socket=stack.agent_socket,
+                          progress_dir=run_dir / "progress", ckpt_every=10, step_ms=100.0,
+                          log_dir=run_dir / "ranks")
+        # A model wide enough that a step's compute (~10 ms here) stands above scheduling noise;
+        # one thread per rank (4 ranks share 2 cores).
+        doc["command"] += ["--hidden", str(HIDDEN)]
+        doc["env"].update(THREADS)
+        spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+        stack.start_actuator(JOB, spec, launch=True)
+        tail = LogTail(stack.config("trainguard-demo"), JOB)
+        tail.start()
+        try:
+            _drive(stack, tail, out, say)
+        finally:
+            tail.stop()
+            say("[demo] ending the job (fenced and recorded on the log)")
+            out.ended_at = now_us()
+            stack.stop("decide")  # the job's end is no fault to remediate
+            stack.stop(f"actuator-{JOB}")
+            subprocess.run(stack.cli("actuator", "--job-spec", str(spec), "--state-dir",
+                                     str(run_dir / f"actuator-{JOB}"), "--key-file",
+                                     str(stack.key_file), "--teardown"),
+                           check=False, timeout=120, stdout=subprocess.DEVNULL)
+        _wait_for(lambda: _settled(_faults(stack, out.ended_at)), 60,
+                  "the incident service to settle the faults' incidents")
+        out.incidents = _faults(stack, out.ended_at)
+        _wait_for(lambda: len(rx.records()) >= 2 * len(out.incidents), 30,
+                  "an opening and an ending message per incident")
+        out.chat_messages = len(rx.records())
+        _present(stack, run_dir, out, say)
+    return out
+
+
+def _drive(stack: LocalStack, tail: LogTail, out: DemoOutcome, say: Say) -> None:
+    say("[demo] waiting for the job: 4 ranks stepping, 2 checkpoints written")
+    _wait_for(lambda: view(tail.events()).checkpoints >= 2
+              and len(view(tail.events()).steps_at_epoch) == WORLD, 300,
+              "the job to start and checkpoint", stack)
+    # 1. worker exit
+    victim = _pid_of(tail.events(), rank=3)
+    base_epoch = view(tail.events()).epoch
+    acted = Acted.now(pid=victim, signal=9)
+    os.kill(victim, signal.SIGKILL)
+    _record(stack, out, acted, "worker-exit", "start", 3, say,
+            f"rank 3 (pid {victim}) killed with SIGKILL")
+    _wait_for(lambda: _resumed(tail.events(), base_epoch), 180,
+              "detection, fencing, migration to the spare and resume", stack)
+    v = view(tail.events())
+    say(f"[demo] resumed: every rank stepping at epoch {v.epoch}")
+    # 2. slowdown, fixed by tier 1
+    slow = _pid_of(tail.events(), rank=1)
+    throttle = CgroupThrottle(slow, THROTTLE_PCT, tag="demo")
+    try:
+        acted = throttle.inject()
+    except InjectionError as exc:
+        say(f"[demo] slowdown not injected: {exc}")
+        return
+    _record(stack, out, acted, "slowdown", "start", 1, say,
+            f"rank 1 (pid {slow}) throttled to {THROTTLE_PCT}% of a core (its unit's cgroup)")
+    since = acted.at_us
+    _wait_for(lambda: _quota_raised(tail.events(), since), 120,
+              "a straggler verdict and the tier-1 quota raise", stack)
+    _wait_for(lambda: _straggler_resolved(tail.events(), since), 90,
+              "the straggler verdict to resolve", stack)
+    _record(stack, out, throttle.undo(), "slowdown", "rollback", 1, say,
+            "throttle rolled back")
+    time.sleep(3.0)
+
+
+def _record(stack: LocalStack, out: DemoOutcome, acted: Acted, fault: str, phase: str,
+            rank: int, say: Say, what: str) -> None:
+    event = make_event(Injection(drill_id="demo", scenario="demo", fault=fault, phase=phase,
+                                 target=f"rank-{rank}", params=acted.params),
+                       event_id=new_event_id(), job_id=JOB, event_time=acted.at_us,
+                       source="demo", subject=Subject(rank=rank, node=NODE))
+    if not publish(stack.config("trainguard-demo"), [event]):
+        raise DemoError("the broker did not take the injection event")
+    out.injections.append((f"{fault}/{phase} rank {rank}", acted.at_us))
+    say(f"[demo] injected: {what}")
+
+
+def _pid_of(events: list[Event], rank: int) -> int:
+    """The pid of the newest bound replica of ``rank`` (from the pool's events)."""
+    for e in reversed(events):
+        p = e.payload
+        if isinstance(p, PoolUnit) and p.state is UnitState.BOUND and p.rank == rank and p.pid:
+            return p.pid
+    raise DemoError(f"no bound replica of rank {rank} on the log")
+
+
+def _resumed(events: list[Event], base_epoch: int | None) -> bool:
+    v = view(events, base_epoch=base_epoch)
+    return (v.epochs_after >= 1 and len(v.steps_at_epoch) == WORLD
+            and min(v.steps_at_epoch.values()) >= 3)
+
+
+def _quota_raised(events: list[Event], since_us: int) -> bool:
+    raised = {e.payload.command_id for e in events if isinstance(e.payload, Command)
+              and e.payload.action is CommandAction.RAISE_QUOTA and e.event_time >= since_us}
+    return any(isinstance(e.payload, CommandOutcome) and e.payload.command_id in raised
+               and e.payload.status is OutcomeStatus.DONE for e in events)
+
+
+def _straggler_resolved(events: list[Event], since_us: int) -> bool:
+    return any(isinstance(e.payload, Verdict) and e.payload.kind == "straggler"
+               and e.payload.state is VerdictState.RESOLVED and e.event_time >= since_us
+               for e in events)
+
+
+ENDS = {IncidentState.RECOVERED, IncidentState.ESCALATED, IncidentState.UNRECOVERABLE}
+
+
+def _faults(stack: LocalStack, ended_at: int) -> dict[str, IncidentState]:
+    """The latest state of each incident opened before the job was ended (the exits of the
+    demo's own teardown open incidents of their own, left out here)."""
+    opened: dict[str, int] = {}
+    latest: dict[str, IncidentState] = {}
+    for e in read_job_log(stack.config("trainguard-demo"), JOB, limit_s=30):
+        if isinstance(e.payload, IncidentTransition):
+            opened.setdefault(e.payload.incident_id, e.event_time)
+            latest[e.payload.incident_id] = e.payload.to_state
+    return {i: s for i, s in latest.items() if opened[i] < ended_at}
+
+
+def _settled(incidents: dict[str, IncidentState]) -> bool:
+    return bool(incidents) and all(s in ENDS for s in incidents.values())
+
+
+def _present(stack: LocalStack, run_dir: Path, out: DemoOutcome, say: Say) -> None:
+    say(f"[demo] {len(out.incidents)} incident(s) from the faults: "
+        + ", ".join(f"{i[:12]} {s.value}" for i, s in out.incidents.items()))
+    say(_cli_text(stack, "incident", "list", "--job", JOB))
+    for incident_id in out.incidents:
+        say(_cli_text(stack, "incident", "show", incident_id))
+        html = run_dir / f"incident-{incident_id[:12]}.html"
+        _cli_text(stack, "incident", "show", incident_id, "--format", "html", "--out", str(html))
+        say(f"[demo] timeline page: {html}")
+    say(_cli_text(stack, "replay", "--job", JOB))
+    say(f"[demo] chat receiver got {out.chat_messages} message(s) (an opening and an ending "
+        "per incident, on each channel)")
+    say(f"[demo] logs, checkpoints and pages under {run_dir}")
+
+
+def _cli_text(stack: LocalStack, *args: str) -> str:
+    done = subprocess.run(stack.cli(*args), capture_output=True, text=True, timeout=180,
+                          check=False)
+    return (done.stdout + done.stderr).rstrip()
+
+
+def _wait_for(ok: Callable[[], bool], limit_s: float, what: str,
+              stack: LocalStack | None = None) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        if stack is not None and stack.dead():
+            died = ", ".join(f"{s.name}:\n{s.tail()}" for s in stack.dead())
+            raise DemoError(f"while waiting for {what}, a service died: {died}")
+        time.sleep(0.5)
+    raise DemoError(f"gave up waiting {limit_s:.0f} s for {what}")
+
+
+# --- the chat receiver: a local HTTP server standing in for Slack and a signed webhook -----
+
+SLACK_TOKEN = "demo-slack-token"
+
+
+class _Chat:
+    def __init__(self) -> None:
+        self.hook_secret = secrets.token_hex(16)
+        self.rx = WebhookReceiver([
+            Route("slack", "/slack/", check=path_token_check(SLACK_TOKEN), reply=b"ok"),
+            Route("webhook", "/hook/", check=hmac_check(self.hook_secret)),
+        ])
+
+    def __enter__(self) -> tuple[WebhookReceiver, dict[str, str]]:
+        self.rx.start()
+        env = {"TG_DEMO_SLACK_URL": self.rx.url(f"/slack/services/T0/B0/{SLACK_TOKEN}"),
+               "TG_DEMO_HOOK_SECRET": self.hook_secret}
+        return self.rx, env
+
+    def __exit__(self, *exc: object) -> None:
+        self.rx.stop()
+
+
+def _alerts_config(run_dir: Path, rx: WebhookReceiver) -> Path:
+    path = run_dir / "alerts.yaml"
+    path.write_text(
+        "coalesce: {hold_s: 1}\nchannels:\n"
+        "  - {name: slack, type: slack, url: {env: TG_DEMO_SLACK_URL}}\n"
+        f"  - {{name: webhook, type: webhook, url: '{rx.url('/hook/demo')}', "
+        "secret: {env: TG_DEMO_HOOK_SECRET}}\n")
+    return path
+
+
+def default_run_dir() -> Path:
+    return Path.cwd() / ".run" / "demo" / time.strftime("%Y%m%dT%H%M%S")
+
+
+if __name__ == "__main__":  # pragma: no cover - `trainguard demo` is the entry point
+    run_whole_loop(default_run_dir())
+    sys.exit(0)
