@@ -48,6 +48,12 @@ def _target_ranks(inc: Incident) -> set[int]:
 
 
 def old_replica_stopped(inc: Incident, events: Sequence[Event]) -> Answer:
+    degraded_only = not any(v.severity is Severity.CRITICAL for v in inc.verdicts.values())
+    if degraded_only and not inc.heavy_commands() and not inc.fences:
+        # A rank that was only slow kept its replica: another incident's exits nearby in
+        # time are not this one's answer.
+        return Answer("stopped", QUESTION["stopped"], False, None,
+                      "not applicable: no replica was replaced", [])
     targets = _target_ranks(inc)
     primary = (inc.ranks & targets) or targets  # the faulty ranks first; a restart moves all
     start = min([v.first_time for v in inc.verdicts.values()] + [inc.opened_at])
