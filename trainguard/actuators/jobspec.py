@@ -156,7 +156,8 @@ def ddp_job_doc(job_id: str, *, world_size: int, spares: int, ckpt_dir: Path, no
                 agent_socket: Path | None, progress_dir: Path | None = None,
                 steps: int = 100_000, ckpt_every: int = 10, step_ms: float = 100.0,
                 grace_s: float = 3.0, cpus: int = 2, warm: bool = True,
-                allow_tmp_ckpt: bool = False, log_dir: Path | None = None) -> dict[str, Any]:
+                allow_tmp_ckpt: bool = False, threads_per_rank: int = 1,
+                log_dir: Path | None = None) -> dict[str, Any]:
     """A job spec document for the reference DDP workload (gloo on CPU): ``world_size`` ranks
     on units ``u0..``, ``spares`` spare units reserved for the job, all on this node, CPUs
     assigned round-robin. For demos, benches and tests; write it with ``yaml.safe_dump``."""
@@ -177,9 +178,12 @@ def ddp_job_doc(job_id: str, *, world_size: int, spares: int, ckpt_dir: Path, no
                "labels": {"rack": "r1", "reserved_for": job_id}} for i in range(spares)]
     doc: dict[str, Any] = {"job_id": job_id, "world_size": world_size, "node": node,
                            "ckpt_dir": str(ckpt_dir), "grace_s": grace_s, "command": command,
-                           "units": units, "preload": list(DDP_PRELOAD) if warm else []}
+                           "units": units, "preload": list(DDP_PRELOAD) if warm else [],
+                           # one intra-op thread per rank: a unit is a CPU set, and more
+                           # threads than its CPUs spin against each other
+                           "env": {"OMP_NUM_THREADS": str(threads_per_rank)}}
     if agent_socket is not None:
-        doc["env"] = {"TRAINGUARD_AGENT_SOCKET": str(agent_socket)}
+        doc["env"]["TRAINGUARD_AGENT_SOCKET"] = str(agent_socket)
     if log_dir is not None:
         doc["log_dir"] = str(log_dir)
     return doc

@@ -34,7 +34,6 @@ from trainguard.actuators.jobspec import ddp_job_doc
 from trainguard.dev.webhook_receiver import Route, WebhookReceiver, hmac_check, path_token_check
 from trainguard.drills.injectors.base import Acted, InjectionError
 from trainguard.drills.injectors.slowdown import CgroupThrottle
-from trainguard.drills.job import THREADS
 from trainguard.drills.live import view
 from trainguard.drills.logtail import LogTail, publish, read_job_log
 from trainguard.drills.stack import LocalStack
@@ -93,10 +92,8 @@ def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
                           node=NODE, agent_socket=stack.agent_socket,
                           progress_dir=run_dir / "progress", ckpt_every=10, step_ms=100.0,
                           log_dir=run_dir / "ranks")
-        # A model wide enough that a step's compute (~10 ms here) stands above scheduling noise;
-        # one thread per rank (4 ranks share 2 cores).
+        # A model wide enough that a step's compute (~10 ms here) stands above scheduling noise.
         doc["command"] += ["--hidden", str(HIDDEN)]
-        doc["env"].update(THREADS)
         spec.write_text(yaml.safe_dump(doc, sort_keys=False))
         stack.start_actuator(JOB, spec, launch=True)
         tail = LogTail(stack.config("trainguard-demo"), JOB)
