@@ -3,6 +3,8 @@ to that job's rule engine and publishes the verdicts.
 
 Partitioning: the task topic is keyed by job; node-keyed telemetry is routed to an internal
 job-keyed topic with the same partition count, so all of one job's events meet in one worker.
+The routed copies are written at least once, outside the transactions (see ``route``); a
+duplicate is dropped by the engine's reorder buffer (same event id).
 State: each job's engine state lives in a faust table (changelog-backed), written once per
 consumed batch; the events waiting in its reorder buffer are written once each, in chunks
 (``state.py``), not re-serialised with every snapshot. A partitioner that hashes only the part
@@ -17,9 +19,10 @@ drop late events, which would make live processing and replay disagree).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -135,19 +138,35 @@ def build_app(
                              rejected_at=now_us(), consumer=consumer)
         await dlq.send(key=message.key, value=letter.encode())
 
+    by_job_name = by_job.get_topic_name()
+
     @app.agent(telemetry, name="route-telemetry")
     async def route(stream: Any) -> None:
         # Only the job id is read here; the evaluate agent validates the whole record (one
         # full decode per record, not two) and dead-letters it under this source position.
-        async for ev in stream.events():
-            try:
-                job = job_of(ev.value)
-            except ContractError as err:
-                await refuse(err, ev.message, "streams.route")
-                continue
-            m = ev.message
-            await by_job.send(key=job.encode(), value=ev.value, headers=[
-                (SOURCE_HEADER, f"{m.topic}|{m.partition}|{m.offset}".encode())])
+        # The copies go out through the app's idempotent producer, outside any transaction,
+        # and are delivered before their batch is acknowledged: at least once, and the
+        # engines drop an event id they already hold. Not through ``by_job.send``: faust puts
+        # a send in the transaction of the partition it goes TO (the job's), which commits
+        # only when offsets of that partition advance. A job with no task records moving
+        # left its copies in an open transaction, unreadable by read-committed consumers
+        # (the evaluate agent: so nothing on that partition advanced), until the broker's
+        # transaction timeout aborted them - losing them - and fenced the producer, which
+        # crashed the worker at the next job on that partition ("Not in the middle of a
+        # transaction").
+        async for batch in stream.take_events(batch_size, within=batch_within_s):
+            sent: list[Awaitable[Any]] = []
+            for ev in batch:
+                try:
+                    job = job_of(ev.value)
+                except ContractError as err:
+                    await refuse(err, ev.message, "streams.route")
+                    continue
+                m = ev.message
+                source = f"{m.topic}|{m.partition}|{m.offset}".encode()
+                sent.append(await app.producer.send(
+                    by_job_name, job.encode(), ev.value, None, None, [(SOURCE_HEADER, source)]))
+            await asyncio.gather(*sent)
 
     @app.agent(app.topic(names.name(TopicRole.TASK), telemetry_by_job_topic(names), **raw),
                name="evaluate")
