@@ -16,9 +16,9 @@ from trainguard.events import encode
 from trainguard.events.envelope import Event
 from trainguard.events.registry import EVENT_TYPES
 from trainguard.events.samples import sample_events
-from trainguard.events.topics import TopicNames, TopicRole
+from trainguard.events.topics import EVENT_ROLES, TopicNames, TopicRole
 
-ALL_EVENT_ROLES = [r for r in TopicRole if r is not TopicRole.DLQ]
+ALL_EVENT_ROLES = list(EVENT_ROLES)
 
 
 def _strip_ingest(event: Event) -> bytes:

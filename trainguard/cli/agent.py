@@ -4,13 +4,11 @@ interval, spooled through broker outages, its own health on /metrics."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
-import signal
 import socket
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -64,17 +62,8 @@ def _run(args: argparse.Namespace) -> int:
         log.warning("agent %s: /metrics on %s:%d", args.node, args.metrics_addr,
                     args.metrics_port)
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if args.duration:
-            loop.call_later(args.duration, stop.set)
-        await built.run(stop)
-
     try:
-        asyncio.run(main())
+        run_until_stopped(built.run, args.duration)
     finally:
         built.close()
     return 0

@@ -13,7 +13,7 @@ from trainguard.cli.common import add_kafka_args, kafka_config
 from trainguard.events.codec import decode, encode
 from trainguard.events.docs import render_markdown
 from trainguard.events.errors import ContractError
-from trainguard.events.topics import TopicRole
+from trainguard.events.topics import EVENT_ROLES, TopicRole
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,8 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     schema.set_defaults(func=_schema)
     tail = ev_sub.add_parser("tail", help="print events from the log, one JSON per line")
     add_kafka_args(tail)
-    tail.add_argument("--role", action="append", choices=[r.value for r in TopicRole
-                                                          if r is not TopicRole.DLQ],
+    tail.add_argument("--role", action="append", choices=[r.value for r in EVENT_ROLES],
                       help="topic roles to read (default: all)")
     tail.add_argument("--follow", action="store_true", help="keep reading new events")
     tail.set_defaults(func=_tail)
@@ -45,8 +44,7 @@ def _schema(args: argparse.Namespace) -> int:
 
 def _tail(args: argparse.Namespace) -> int:
     cfg = kafka_config(args, client_id="trainguard-tail")
-    roles = [TopicRole(r) for r in args.role] if args.role else [
-        r for r in TopicRole if r is not TopicRole.DLQ]
+    roles = [TopicRole(r) for r in args.role] if args.role else list(EVENT_ROLES)
 
     async def run() -> None:
         dlq = EventProducer(cfg)

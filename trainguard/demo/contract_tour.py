@@ -15,7 +15,7 @@ from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.dlq import DeadLetter
 from trainguard.bus.producer import EventProducer
 from trainguard.events.samples import sample_events
-from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
+from trainguard.events.topics import EVENT_ROLES, TOPIC_SPECS, TopicNames, TopicRole
 
 MALFORMED = (b'{"event_id":"bad00001","type":"step.report","schema_version":2,"job_id":"job-demo",'
              b'"subject":{"rank":1},"event_time":1,"source":"demo","payload":{"rank":1,'
@@ -33,7 +33,7 @@ async def contract_tour(cfg: KafkaConfig) -> dict[str, object]:
         await producer.send_raw(names.name(TopicRole.TASK), MALFORMED, key=b"job-demo")
         for ev in events[half:]:
             await producer.send(ev)
-        consumer = EventConsumer(cfg, [r for r in TopicRole if r is not TopicRole.DLQ],
+        consumer = EventConsumer(cfg, list(EVENT_ROLES),
                                  group_id=None, name="demo", dlq=producer, names=names)
         await consumer.start()
         try:

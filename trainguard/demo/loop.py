@@ -34,7 +34,7 @@ from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import new_event_id
 from trainguard.events.payloads import Injection, ProcessExit, StepReport, Verdict
-from trainguard.events.topics import TOPIC_SPECS, TopicRole
+from trainguard.events.topics import EVENT_ROLES, TOPIC_SPECS
 
 JOB = "demo-job"
 WORLD = 4
@@ -139,7 +139,7 @@ def _injection(cfg: KafkaConfig, run: DemoRun, at: int, fault: str, phase: str, 
 
 
 async def _read_log(cfg: KafkaConfig) -> list[Event]:
-    consumer = EventConsumer(cfg, [r for r in TopicRole if r is not TopicRole.DLQ],
+    consumer = EventConsumer(cfg, list(EVENT_ROLES),
                              group_id=None, name="demo-report", dlq=None)
     await consumer.start()
     try:

@@ -56,6 +56,8 @@ TOPIC_SPECS: tuple[TopicSpec, ...] = (
 )
 
 SPEC_BY_ROLE = {s.role: s for s in TOPIC_SPECS}
+# Every topic that holds events (the dead-letter topic holds refused bytes, not events).
+EVENT_ROLES: tuple[TopicRole, ...] = tuple(r for r in TopicRole if r is not TopicRole.DLQ)
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from trainguard.bus.config import KafkaConfig
 from trainguard.events.codec import decode, encode
 from trainguard.events.envelope import Event
 from trainguard.events.errors import ContractError
-from trainguard.events.topics import TopicNames, TopicRole
+from trainguard.events.topics import EVENT_ROLES, TopicNames, TopicRole
 from trainguard.incidents.model import order_key
 
 log = logging.getLogger(__name__)
-LOG_ROLES: tuple[TopicRole, ...] = tuple(r for r in TopicRole if r is not TopicRole.DLQ)
+LOG_ROLES = EVENT_ROLES
 
 
 class LogFileError(ValueError):
