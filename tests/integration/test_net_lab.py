@@ -45,6 +45,9 @@ pytestmark = [
 
 Json = dict[str, Any]
 PORT = 5201
+# The loss tests pace their stream: unpaced it saturates a loaded 2-core host (~110k segments/s),
+# and the starved stack then resends spuriously (CI saw 1.6 % retransmits with no drop rule).
+PACED_BYTES_PER_S = 10_000_000
 
 
 @pytest.fixture
@@ -87,9 +90,10 @@ def start_sink(lab: VethLab) -> LineProcess:
     return sink
 
 
-def start_sender(lab: VethLab, seconds: float) -> LineProcess:
+def start_sender(lab: VethLab, seconds: float, rate_bytes: int | None = None) -> LineProcess:
+    pace = ["--rate-bytes", str(rate_bytes)] if rate_bytes is not None else []
     send = lab.a.spawn_python("trainguard.netlab.traffic", "send", "--to",
-                              f"{lab.addr_b}:{PORT}", "--seconds", str(seconds))
+                              f"{lab.addr_b}:{PORT}", "--seconds", str(seconds), *pace)
     assert send.readline(timeout_s=10) == "connected"
     return send
 
@@ -154,7 +158,7 @@ def test_nft_random_drops_show_as_retransmits(lab: VethLab) -> None:
     r0 = coll.collect()
     # Dropped on arrival at b (wire loss), data segments a -> b only.
     with NftDrop(lab.b, percent, saddr=lab.addr_a, dport=PORT, hook="input") as drop:
-        send = start_sender(lab, seconds)
+        send = start_sender(lab, seconds, PACED_BYTES_PER_S)
         time.sleep(seconds * 0.6)
         r1 = coll.collect()  # while the stream runs: its connection is in ss
         result = sender_result(send, seconds)
@@ -184,13 +188,16 @@ def test_no_drop_rule_no_retransmits(lab: VethLab) -> None:
     start_sink(lab)
     coll = NsCollector(lab.a, lab.dev_a, f"{lab.addr_b}:{PORT}")
     r0 = coll.collect()
-    send = start_sender(lab, seconds)
+    send = start_sender(lab, seconds, PACED_BYTES_PER_S)
     sender_result(send, seconds)
     r = coll.collect()
     tx_pkts = nic(r, lab.dev_a)["tx_packets"] - nic(r0, lab.dev_a)["tx_packets"]
     print(f"\nno rule: tcp_retransmits={r['tcp_retransmits']} of tx_packets={tx_pkts}")
     assert r["tcp_retransmits"] is not None and tx_pkts > 1000
-    assert r["tcp_retransmits"] <= tx_pkts * 0.005  # veth reorders a little; no loss
+    # No loss, but a starved stack still resends a little (0-0.4 % measured with both cores
+    # busy): the bound is 1 %, well under the 2.5 % floor the 5 % drop rule's test accepts, so
+    # the collector still tells a clean link from a lossy one.
+    assert r["tcp_retransmits"] <= tx_pkts * 0.01
 
 
 # --- (c) throttling --------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """TCP traffic for the lab, run as a process inside a namespace.
 
 ``sink --bind ADDR --port P``: accept connections, discard what they send; prints ``ready``.
-``send --to ADDR:P --seconds S``: stream for S seconds; prints ``{"bytes":..,"seconds":..}``.
+``send --to ADDR:P --seconds S [--rate-bytes R]``: stream for S seconds, paced to R bytes/s when
+given (unpaced saturates a loaded 2-core host, whose starved stack then resends spuriously);
+prints ``{"bytes":..,"seconds":..}``.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def sink(bind: str, port: int, max_s: float) -> None:
         threading.Thread(target=drain, args=(conn,), daemon=True).start()
 
 
-def send(to: str, seconds: float) -> None:
+def send(to: str, seconds: float, rate_bytes: float | None = None) -> None:
     host, _, port = to.rpartition(":")
     s = socket.create_connection((host, int(port)), timeout=5)
     s.settimeout(max(5.0, seconds))
@@ -46,7 +48,10 @@ def send(to: str, seconds: float) -> None:
     sent = 0
     t0 = time.monotonic()
     print("connected", flush=True)
-    while time.monotonic() - t0 < seconds:
+    while (elapsed := time.monotonic() - t0) < seconds:
+        if rate_bytes is not None and sent > rate_bytes * elapsed:
+            time.sleep(min(0.005, (sent - rate_bytes * elapsed) / rate_bytes))
+            continue
         try:
             sent += s.send(buf)
         except TimeoutError:
@@ -66,11 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     t = sub.add_parser("send")
     t.add_argument("--to", required=True)
     t.add_argument("--seconds", type=float, default=3.0)
+    t.add_argument("--rate-bytes", type=float, default=None, help="pace to this many bytes/s")
     a = ap.parse_args(argv)
     if a.cmd == "sink":
         sink(a.bind, a.port, a.max_seconds)
     else:
-        send(a.to, a.seconds)
+        send(a.to, a.seconds, a.rate_bytes)
     return 0
 
 
