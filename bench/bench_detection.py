@@ -4,7 +4,7 @@ steady background of step reports from every job and, optionally, a fleet's node
 1 Hz flowing through the same worker.
 
     .venv/bin/python -m bench.bench_detection [--jobs 8] [--ranks 16] [--nodes 0] [--gpus 8]
-                                              [--no-prompt]
+                                              [--no-prompt] [-- worker options...]
 
 ``--nodes 2048 --gpus 8`` is the issue's fleet (2,048 node records a second, 16,384 GPU
 samples); the records are generated before the run (distinct ids, event times on the run's
@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--no-prompt", action="store_true")
     ap.add_argument("--batch-size", type=int, help="the worker's --batch-size")
+    ap.add_argument("worker_args", nargs="*", help="after --: more `trainguard streams` options")
     args = ap.parse_args()
     seconds = EXIT_AFTER_S + args.jobs * EXIT_EVERY_S + TAIL_S
     fleet: list[list[tuple[bytes, bytes]]] = []
@@ -174,6 +175,7 @@ def main() -> None:
             cmd.append("--no-prompt")
         if args.batch_size:
             cmd += ["--batch-size", str(args.batch_size)]
+        cmd += args.worker_args
         worker = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         watch = VerdictWatch(cfg)
         watch.thread.start()
@@ -198,6 +200,8 @@ def main() -> None:
     mode = "ordered only (--no-prompt)" if args.no_prompt else "prompt lane"
     if args.batch_size:
         mode += f", worker --batch-size {args.batch_size}"
+    if args.worker_args:
+        mode += f", worker {' '.join(args.worker_args)}"
     print(f"(worker answered the probe after {ready:.1f} s)")
     if not lat:
         print(f"no exit verdicts seen ({load}, {mode})")

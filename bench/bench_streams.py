@@ -1,7 +1,9 @@
 """One streams worker's throughput on node-batched telemetry from the fleet generator, against
 a raw aiokafka consumer decoding the same records in the same run.
 
-    .venv/bin/python -m bench.bench_streams [nodes] [seconds]
+    .venv/bin/python -m bench.bench_streams [nodes] [seconds] [-- worker options...]
+
+Options after ``--`` go to ``trainguard streams`` (e.g. ``-- --commit-interval 1``).
 
 Samples are GPU samples (8 per node record). The worker is timed from the evaluate agent's first
 committed offset to the last (faust commits in exactly-once transactions), so start-up is not
@@ -61,8 +63,11 @@ async def raw_rate(cfg: KafkaConfig, topic: str, n: int) -> float:
 
 
 def main() -> None:
-    nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 256
-    seconds = int(sys.argv[2]) if len(sys.argv) > 2 else 10
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    nodes = int(argv[0]) if argv else 256
+    seconds = int(argv[1]) if len(argv) > 1 else 10
     records = list(fleet_records(nodes, GPUS, seconds, 1_790_000_000_000_000))
     n = len(records)
     with bench_broker() as info, tempfile.TemporaryDirectory() as tmp:
@@ -77,7 +82,7 @@ def main() -> None:
         app_id = f"{cfg.topic_prefix}-streams"
         worker = subprocess.Popen(
             [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
-             info.bootstrap, "--prefix", cfg.topic_prefix, "--datadir", f"{tmp}/w"],
+             info.bootstrap, "--prefix", cfg.topic_prefix, "--datadir", f"{tmp}/w", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             first_t = first = None

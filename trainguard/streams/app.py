@@ -117,6 +117,11 @@ def build_app(
         broker_commit_every=max(batch_size, 500),
         broker_commit_interval=commit_interval_s,
         producer_partitioner=job_partitioner,
+        # Node records are ~5 KB: faust's default 16 KB producer batch sent three per
+        # request, and every request is a socket write and a round trip in the one event loop.
+        producer_max_batch_size=1 << 20,
+        producer_linger=0.005,
+        consumer_max_fetch_size=8 << 20,
         key_serializer="raw",  # also the table's: job ids as bytes, hashed like the records
         value_serializer="raw",
     )
