@@ -208,3 +208,41 @@ def test_a_rank_bound_again_on_the_lost_node_is_not_recovered() -> None:
     check = next(c for c in lost.expectations if c.name == "nothing_rebound_on:n")
     assert check.status is Status.FAIL and "rank 0 on u0" in check.detail
     assert lost.conclusion is Conclusion.NEEDS_MANUAL_CONFIRMATION
+
+
+def _slowdown_only(recovers: bool, kind: str = "job_slowdown") -> list[Any]:
+    """A fault, then a verdict of ``kind`` and its incident (recovered or not); no command."""
+    from trainguard.drills.synth import _Log
+    from trainguard.events.payloads import (
+        IncidentState,
+        IncidentTransition,
+        Injection,
+        Verdict,
+        VerdictState,
+    )
+    log = _Log()
+    t = 1_700_000_000_000_000
+    log.add(Injection(drill_id="d", scenario="s", fault="link", phase="start", target="link"), t)
+    log.add(Verdict(verdict_id="v1", rule=kind, kind=kind, state=VerdictState.OPEN,
+                    severity="warning", first_anomalous_time=t, decided_time=t + 10), t + 10)
+    log.add(IncidentTransition(incident_id="i1", seq=0, to_state=IncidentState.DETECTED), t + 11)
+    if recovers:
+        log.add(IncidentTransition(incident_id="i1", seq=1, from_state=IncidentState.DETECTED,
+                                   to_state=IncidentState.RECOVERED), t + 99)
+    return log.events
+
+
+@pytest.mark.parametrize("recovers,kind,tolerate,ok", [
+    (True, "job_slowdown", ("job_slowdown",), True),
+    (True, "job_slowdown", (), False),  # not tolerated: an unexpected incident
+    (False, "job_slowdown", ("job_slowdown",), False),  # tolerated, but it never recovered
+    (True, "straggler", ("job_slowdown",), False),  # another kind is not tolerated
+])
+def test_incident_none_tolerates_only_listed_kinds_that_recovered(
+        recovers: bool, kind: str, tolerate: tuple[str, ...], ok: bool) -> None:
+    from trainguard.drills.evidence.expectations import expectations
+    from trainguard.drills.evidence.log import index
+    expect = Expect(actions=(), resumed=False, incident="none", tolerate=tolerate)
+    checks = expectations(index(_slowdown_only(recovers, kind), JOB), expect)
+    (check,) = [c for c in checks if c.name == "incident:none"]
+    assert (check.status is Status.PASS) is ok, check.detail

@@ -53,6 +53,9 @@ def test_builtin_scenarios_cover_the_three_rounds_and_every_required_fault() -> 
     for s in scenarios:
         assert s.rollback.action in FAULT_KINDS[s.fault.kind].rollbacks
         assert s.stop_conditions
+    by_name = {s.name: s for s in scenarios}
+    assert by_name["r1-link-loss"].expect.tolerate == ("job_slowdown",)
+    assert by_name["r1-worker-exit"].expect.tolerate == ()
 
 
 def test_a_good_scenario_parses_with_defaults() -> None:
@@ -80,6 +83,7 @@ def test_a_good_scenario_parses_with_defaults() -> None:
     (bad(expect__incident="fine"), "expect.incident", "one of"),
     (bad(expect__actions=["reboot"]), "expect.actions[0]", "one of"),
     (bad(expect__resumed="yes"), "expect.resumed", "true or false"),
+    (bad(expect__tolerate="job_slowdown"), "expect.tolerate", "list of strings"),
     (bad(name="Bad Name"), "name", "must match"),
     (bad(rollback=...), "rollback", "required"),
     (bad(colour="red"), "colour", "unknown field"),

@@ -123,6 +123,10 @@ class Expect:
     resumed: bool = True
     incident: str = "recovered"
     checkpoint_corrupt: bool = False  # a corrupt checkpoint event is expected (and explained)
+    # verdict kinds the fault may cause that need no action (a job slowing while its link
+    # drops packets): with ``incident: none``, incidents opened only by these pass when they
+    # recovered; they are never required
+    tolerate: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -304,7 +308,7 @@ def _fault_rules(ctx: _Ctx, kind: str, params: Mapping[str, Any]) -> None:
 
 def _expect(ctx: _Ctx, doc: Any) -> Expect:
     e = ctx.mapping(doc, "expect", {"verdicts", "actions", "resumed", "incident",
-                                     "checkpoint_corrupt"})
+                                     "checkpoint_corrupt", "tolerate"})
     incident = e.get("incident", "recovered")
     if incident not in INCIDENT_ENDS:
         raise ctx.fail("expect.incident", f"one of {', '.join(INCIDENT_ENDS)} "
@@ -319,7 +323,8 @@ def _expect(ctx: _Ctx, doc: Any) -> Expect:
             raise ctx.fail(f"expect.actions[{i}]", f"one of {', '.join(known)} (got {a!r})")
     return Expect(verdicts=ctx.strings(e.get("verdicts", []), "expect.verdicts"),
                   actions=actions, resumed=bool(e.get("resumed", True)), incident=incident,
-                  checkpoint_corrupt=bool(e.get("checkpoint_corrupt", False)))
+                  checkpoint_corrupt=bool(e.get("checkpoint_corrupt", False)),
+                  tolerate=ctx.strings(e.get("tolerate", []), "expect.tolerate"))
 
 
 def _stops(ctx: _Ctx, doc: Any) -> tuple[StopCondition, ...]:

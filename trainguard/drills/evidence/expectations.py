@@ -72,8 +72,7 @@ def expectations(log: JobLog, expect: Expect, lost_node: str | None = None) -> l
     ends = [e for e in trans if isinstance(e.payload, IncidentTransition)
             and e.payload.to_state.value in ("recovered", "escalated", "unrecoverable")]
     if expect.incident == "none":
-        out.append(_c("incident:none", not trans, "no incident opened" if not trans else
-                      f"{len(trans)} incident transition(s) after the fault", trans[:3]))
+        out.append(_no_incident(trans, kinds, expect.tolerate))
     else:
         hits = [e for e in ends if isinstance(e.payload, IncidentTransition)
                 and e.payload.to_state.value == expect.incident]
@@ -91,3 +90,22 @@ def expectations(log: JobLog, expect: Expect, lost_node: str | None = None) -> l
                                                                          ", not expected")
                       if corrupt else "no checkpoint was reported corrupt", corrupt[:3]))
     return out
+
+
+def _no_incident(trans: list[Event], kinds: set[str], tolerate: tuple[str, ...]) -> Check:
+    """``incident: none``: nothing opened, or only incidents of tolerated verdict kinds that
+    all recovered (whether the loop acted is the ``no_action`` check's)."""
+    if not trans:
+        return _c("incident:none", True, "no incident opened", [])
+    ids = {e.payload.incident_id for e in trans if isinstance(e.payload, IncidentTransition)}
+    recovered = {e.payload.incident_id for e in trans if isinstance(e.payload, IncidentTransition)
+                 and e.payload.to_state.value == "recovered"}
+    other = sorted(kinds - set(tolerate))
+    if kinds and not other and ids <= recovered:
+        return _c("incident:none", True,
+                  f"{len(ids)} incident(s) opened only by tolerated verdicts "
+                  f"({', '.join(sorted(kinds))}), all recovered", trans[:3])
+    why = (f"verdicts not tolerated: {other}" if other else
+           "an incident did not recover" if kinds else "an incident without a verdict")
+    return _c("incident:none", False,
+              f"{len(trans)} incident transition(s) after the fault ({why})", trans[:3])
