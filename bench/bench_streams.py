@@ -29,7 +29,6 @@ from bench.fleet import fleet_records, publish
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
-from trainguard.streams.app import telemetry_by_job_topic
 
 GPUS = 8
 
@@ -76,9 +75,9 @@ def main() -> None:
         asyncio.run(publish(cfg, records))
         topic = TopicNames(cfg.topic_prefix).name(TopicRole.TELEMETRY)
         raw = asyncio.run(raw_rate(cfg, topic, n))
-        # Evaluated, not only routed: the evaluate agent's offsets on the re-keyed topic
-        # (transaction markers take offsets too, so "done" is >= n there).
-        evaluated = telemetry_by_job_topic(TopicNames(cfg.topic_prefix))
+        # The evaluate agent's committed offsets on the telemetry topic (transaction markers
+        # take no offsets there: the records were published without a transaction).
+        evaluated = topic
         app_id = f"{cfg.topic_prefix}-streams"
         worker = subprocess.Popen(
             [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",

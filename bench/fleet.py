@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from bench._common import bench_broker
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
-from trainguard.events import Subject, encode, make_event
+from trainguard.events import Subject, encode, make_event, partition_key
 from trainguard.events import payloads as p
 from trainguard.events.envelope import Event
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
@@ -61,7 +61,7 @@ def fleet_records(nodes: int, gpus: int, seconds: int, t0_us: int, job_id: str =
     for s in range(seconds):
         for n in range(nodes):
             ev = node_record(n, gpus, s, t0_us + s * 1_000_000 + n, job_id, rng)
-            yield ev.subject.node.encode(), encode(ev)  # type: ignore[union-attr]
+            yield partition_key(ev), encode(ev)
 
 
 async def publish(cfg: KafkaConfig, records: list[tuple[bytes, bytes]]) -> float:

@@ -91,7 +91,7 @@ def _subject_for(spec: EventType) -> st.SearchStrategy[Subject]:
     base = for_model(Subject)
 
     def complete(s: Subject) -> Subject:
-        need = set(spec.requires_subject) | ({"node"} if spec.key_by == "node" else set())
+        need: set[str] = set(spec.requires_subject)
         fill = {f: ("node-x" if f in ("node", "link", "unit") else 0)
                 for f in need if getattr(s, f) is None}
         return s.model_copy(update=fill) if fill else s

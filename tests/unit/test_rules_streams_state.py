@@ -81,22 +81,3 @@ def test_a_jobs_keys_share_its_partition(job: str, n: int, parts: int) -> None:
     plain = DefaultPartitioner()(job.encode(), all_parts, all_parts)
     assert job_partitioner(job.encode(), all_parts, all_parts) == plain
     assert job_partitioner(chunk_key(job.encode(), n), all_parts, all_parts) == plain
-
-
-def test_route_reads_the_job_id_and_refuses_by_field() -> None:
-    from types import SimpleNamespace
-
-    from trainguard.events.errors import ContractError
-    from trainguard.streams.app import SOURCE_HEADER, job_of, source_of
-
-    assert job_of(b'{"job_id": "job-7", "payload": {"bad": 1}}') == "job-7"  # rest: evaluate's
-    for raw, field in [(b"{nope", "<record>"), (b"[1]", "job_id"), (b'{"job_id": 3}', "job_id"),
-                       (b'{"job_id": ""}', "job_id")]:
-        with pytest.raises(ContractError) as err:
-            job_of(raw)
-        assert err.value.first.field == field
-    routed = SimpleNamespace(topic="p.streams.telemetry-by-job", partition=2, offset=9,
-                             headers=[(SOURCE_HEADER, b"p.telemetry|1|4242")])
-    assert source_of(routed) == ("p.telemetry", 1, 4242)
-    direct = SimpleNamespace(topic="p.task", partition=0, offset=5, headers=None)
-    assert source_of(direct) == ("p.task", 0, 5)

@@ -26,12 +26,15 @@ def test_the_event_log_keeps_everything() -> None:
 
 def test_keys_follow_the_registry() -> None:
     for ev in sample_events(job_id="job-77"):
-        key = partition_key(ev)
-        if BY_NAME[ev.type].key_by == "node":
-            assert key == ev.subject.node.encode()  # type: ignore[union-attr]
-        else:
-            assert key == b"job-77"
+        assert BY_NAME[ev.type].key_by == "job"
+        assert partition_key(ev) == b"job-77"
         assert encode(ev)
+
+
+def test_telemetry_and_task_are_co_partitioned() -> None:
+    # keyed by job on both, a job's records land on the same partition number of each only
+    # when the counts are equal: the streams worker relies on it
+    assert SPEC_BY_ROLE[TopicRole.TELEMETRY].partitions == SPEC_BY_ROLE[TopicRole.TASK].partitions
 
 
 def test_prefix_names_and_reverse_lookup() -> None:

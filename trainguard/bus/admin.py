@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,23 +104,5 @@ async def topic_partitions(config: KafkaConfig, topic: str) -> int:
     try:
         described = await admin.describe_topics([topic])
         return sum(len(d["partitions"]) for d in described if d.get("error_code", 0) == 0)
-    finally:
-        await admin.close()
-
-
-async def ensure_internal_topic(config: KafkaConfig, topic: str, partitions: int,
-                                retention_ms: int = 7 * 24 * 3600 * 1000) -> None:
-    """A derived topic a service owns (re-keyed copies): it can be rebuilt from the event log,
-    so it does not keep everything forever."""
-    admin = AIOKafkaAdminClient(**config.client_kwargs())
-    await admin.start()
-    try:
-        if topic not in set(await admin.list_topics()):
-            with contextlib.suppress(TopicAlreadyExistsError):
-                await admin.create_topics([NewTopic(
-                    name=topic, num_partitions=partitions, replication_factor=1,
-                    topic_configs={"retention.ms": str(retention_ms),
-                                   "cleanup.policy": "delete"})])
-        await _wait_for_leaders(admin, [topic], timeout_s=30.0)
     finally:
         await admin.close()

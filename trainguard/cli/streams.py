@@ -41,10 +41,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from faust import Worker
 
-    from trainguard.bus.admin import ensure_internal_topic, topic_partitions
+    from trainguard.bus.admin import topic_partitions
     from trainguard.events.topics import TopicNames, TopicRole
     from trainguard.rules import engine_factory, load_default_rules, load_rules
-    from trainguard.streams.app import build_app, telemetry_by_job_topic
+    from trainguard.streams.app import build_app
 
     cfg = kafka_config(args, client_id="trainguard-streams")
     rules = load_rules(args.rules) if args.rules else load_default_rules()
@@ -53,7 +53,11 @@ def _run(args: argparse.Namespace) -> int:
     if partitions == 0:
         raise SystemExit(f"topic {names.name(TopicRole.TASK)} does not exist: run "
                          "`trainguard topics create` first")
-    asyncio.run(ensure_internal_topic(cfg, telemetry_by_job_topic(names), partitions))
+    telemetry = asyncio.run(topic_partitions(cfg, names.name(TopicRole.TELEMETRY)))
+    if telemetry != partitions:
+        raise SystemExit(f"topic {names.name(TopicRole.TELEMETRY)} has {telemetry} partitions, "
+                         f"{names.name(TopicRole.TASK)} {partitions}: both are keyed by job and "
+                         "must have as many, so a job's records meet in one worker")
     app_id = args.app_id or f"{cfg.topic_prefix}-streams"
     app = build_app(cfg, engine_factory(rules, prompt=not args.no_prompt),
                     partitions=partitions, app_id=app_id,

@@ -132,8 +132,6 @@ def _check_subject(event: Event, spec: EventType) -> None:
         raise ContractError([
             FieldError(f"subject.{f}", None, f"required for {spec.name}") for f in missing
         ])
-    if spec.key_by == "node" and event.subject.node is None:
-        raise ContractError([FieldError("subject.node", None, f"{spec.name} is keyed by node")])
 
 
 def _field_errors(exc: ValidationError, prefix: str) -> list[FieldError]:
@@ -145,9 +143,8 @@ def _field_errors(exc: ValidationError, prefix: str) -> list[FieldError]:
 
 
 def partition_key(event: Event) -> bytes:
-    """The Kafka key: node for telemetry, job id for everything on the timeline."""
-    spec = BY_NAME[event.type]
-    if spec.key_by == "node":
-        assert event.subject.node is not None  # checked at construction and decode
-        return event.subject.node.encode()
+    """The Kafka key: the job id, for every topic. A job's telemetry and its task events then
+    sit on the same partition number of their topics (equal partition counts), so one streams
+    worker sees all of a job without re-keying; node-level records outside any job are filed
+    under ``node:<node>`` and spread by node."""
     return event.job_id.encode()

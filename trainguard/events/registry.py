@@ -13,7 +13,7 @@ from typing import Any, Literal
 from trainguard.events import payloads as p
 from trainguard.events.topics import TopicRole
 
-KeyBy = Literal["node", "job"]
+KeyBy = Literal["job"]  # every topic is keyed by job: a job's records meet in one partition
 SubjectField = Literal["node", "gpu", "rank", "link", "unit"]
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -30,10 +30,10 @@ class EventType:
 
 
 EVENT_TYPES: tuple[EventType, ...] = (
-    EventType("telemetry.node", 1, p.NodeTelemetry, TopicRole.TELEMETRY, "node",
+    EventType("telemetry.node", 1, p.NodeTelemetry, TopicRole.TELEMETRY, "job",
               "All GPU, NIC, peer-path and rank-process samples of one node for one interval.",
               ("node",)),
-    EventType("node.health", 1, p.NodeHealth, TopicRole.TELEMETRY, "node",
+    EventType("node.health", 1, p.NodeHealth, TopicRole.TELEMETRY, "job",
               "A discrete node signal: kernel XID/AER/link/OOM line, imported fault log entry.",
               ("node",)),
     EventType("step.report", 2, p.StepReport, TopicRole.TASK, "job",

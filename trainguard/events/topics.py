@@ -27,7 +27,7 @@ class TopicRole(StrEnum):
 class TopicSpec:
     role: TopicRole
     partitions: int
-    key: Literal["node", "job", "source key"]
+    key: Literal["job", "source key"]
     description: str
     retention_ms: int = -1
     cleanup_policy: Literal["delete"] = "delete"
@@ -43,7 +43,9 @@ class TopicSpec:
 
 
 TOPIC_SPECS: tuple[TopicSpec, ...] = (
-    TopicSpec(TopicRole.TELEMETRY, 12, "node", "Per-node telemetry batches and node health."),
+    TopicSpec(TopicRole.TELEMETRY, 12, "job",
+              "Per-node telemetry batches and node health; as many partitions as the task "
+              "topic, so a job's telemetry and task events meet in one streams worker."),
     TopicSpec(TopicRole.TASK, 12, "job",
               "Step reports, heartbeats, process exits, checkpoints: one job stays ordered."),
     TopicSpec(TopicRole.VERDICTS, 6, "job", "Verdicts opened and resolved by the streams."),

@@ -17,7 +17,7 @@ from trainguard.replay.diff import IncidentDiff, VerdictDiff, diff_incidents, di
 from trainguard.replay.window import Window
 from trainguard.rules import RuleEngine, RuleSet
 
-# What the streams worker reads: the task topic and the node telemetry it re-keys by job.
+# What the streams worker reads: the task topic and the node telemetry (both keyed by job).
 RULE_INPUTS = frozenset(t.name for t in BY_NAME.values()
                         if t.topic in (TopicRole.TASK, TopicRole.TELEMETRY))
 

@@ -1,10 +1,9 @@
-"""The faust app: node telemetry is re-keyed by job, then one agent feeds every job's events
-to that job's rule engine and publishes the verdicts.
+"""The faust app: one agent feeds every job's events to that job's rule engine and publishes
+the verdicts.
 
-Partitioning: the task topic is keyed by job; node-keyed telemetry is routed to an internal
-job-keyed topic with the same partition count, so all of one job's events meet in one worker.
-The routed copies are written at least once, outside the transactions (see ``route``); a
-duplicate is dropped by the engine's reorder buffer (same event id).
+Partitioning: the telemetry and task topics are both keyed by job and have the same partition
+count, so all of one job's events meet in one worker, read straight from the two topics (no
+re-keying hop: each record is consumed once and never copied).
 State: each job's engine state lives in a faust table (changelog-backed), written once per
 consumed batch; the events waiting in its reorder buffer are written once each, in chunks
 (``state.py``), not re-serialised with every snapshot. A partitioner that hashes only the part
@@ -19,58 +18,25 @@ drop late events, which would make live processing and replay disagree).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import faust
-import orjson
 from aiokafka.partitioner import murmur2
 
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.dlq import dead_letter
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode
-from trainguard.events.errors import ContractError, FieldError
+from trainguard.events.errors import ContractError
 from trainguard.events.topics import TopicNames, TopicRole
 from trainguard.streams.engine import EngineFactory, JobEngine
 from trainguard.streams.state import JobStore, Recorded
 
 log = logging.getLogger(__name__)
-
-
-def telemetry_by_job_topic(names: TopicNames) -> str:
-    return f"{names.prefix}.streams.telemetry-by-job"
-
-
-SOURCE_HEADER = "tg-source"  # on re-keyed telemetry: "topic|partition|offset" it came from
-
-
-def job_of(raw: bytes) -> str:
-    """The job id of a record, read without validating the rest (``decode`` does that)."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise ContractError([FieldError("<record>", raw[:64], f"not JSON: {exc}")]) from None
-    job = doc.get("job_id") if isinstance(doc, dict) else None
-    if not isinstance(job, str) or not job or len(job) > 128 or "\0" in job:
-        raise ContractError([FieldError("job_id", job, "a job id is a non-empty string")])
-    return job
-
-
-def source_of(message: Any) -> tuple[str, int, int]:
-    """Where a record really came from: the telemetry position the route agent put in its
-    header, else the message's own."""
-    headers = message.headers or ()
-    items = headers.items() if isinstance(headers, dict) else headers
-    for name, value in items:
-        if name == SOURCE_HEADER and value:
-            topic, partition, offset = bytes(value).decode().rsplit("|", 2)
-            return topic, int(partition), int(offset)
-    return str(message.topic), int(message.partition), int(message.offset)
 
 
 def job_partitioner(key: bytes | None, all_partitions: Sequence[int],
@@ -96,8 +62,9 @@ def build_app(
     batch_within_s: float = 0.05,
     commit_interval_s: float = 0.2,
 ) -> faust.App:
-    """``partitions``: the task topic's partition count on the broker; the internal topic and
-    the table's changelog get the same, as faust requires of co-partitioned topics.
+    """``partitions``: the task topic's partition count on the broker (the telemetry topic's
+    must be the same, see ``cli/streams.py``); the table's changelog gets the same, as faust
+    requires of co-partitioned topics.
 
     Latency: a verdict is visible to read-committed consumers once the transaction that sent
     it commits, so ``commit_interval_s`` (plus up to ``batch_within_s`` of batching) bounds
@@ -126,8 +93,6 @@ def build_app(
         value_serializer="raw",
     )
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
-    telemetry = app.topic(names.name(TopicRole.TELEMETRY), **raw)
-    by_job = app.topic(telemetry_by_job_topic(names), partitions=partitions, **raw)
     verdicts = app.topic(names.name(TopicRole.VERDICTS), **raw)
     dlq = app.topic(names.name(TopicRole.DLQ), **raw)
     # use_partitioner: a job's snapshot goes to the changelog partition its key hashes to,
@@ -137,43 +102,13 @@ def build_app(
     live: dict[str, tuple[JobEngine, JobStore]] = {}
 
     async def refuse(err: ContractError, message: Any, consumer: str) -> None:
-        topic, partition, offset = source_of(message)
-        letter = dead_letter(err, topic=topic, partition=partition, offset=offset,
+        letter = dead_letter(err, topic=str(message.topic), partition=int(message.partition),
+                             offset=int(message.offset),
                              key=message.key, value=message.value or b"",
                              rejected_at=now_us(), consumer=consumer)
         await dlq.send(key=message.key, value=letter.encode())
 
-    by_job_name = by_job.get_topic_name()
-
-    @app.agent(telemetry, name="route-telemetry")
-    async def route(stream: Any) -> None:
-        # Only the job id is read here; the evaluate agent validates the whole record (one
-        # full decode per record, not two) and dead-letters it under this source position.
-        # The copies go out through the app's idempotent producer, outside any transaction,
-        # and are delivered before their batch is acknowledged: at least once, and the
-        # engines drop an event id they already hold. Not through ``by_job.send``: faust puts
-        # a send in the transaction of the partition it goes TO (the job's), which commits
-        # only when offsets of that partition advance. A job with no task records moving
-        # left its copies in an open transaction, unreadable by read-committed consumers
-        # (the evaluate agent: so nothing on that partition advanced), until the broker's
-        # transaction timeout aborted them - losing them - and fenced the producer, which
-        # crashed the worker at the next job on that partition ("Not in the middle of a
-        # transaction").
-        async for batch in stream.take_events(batch_size, within=batch_within_s):
-            sent: list[Awaitable[Any]] = []
-            for ev in batch:
-                try:
-                    job = job_of(ev.value)
-                except ContractError as err:
-                    await refuse(err, ev.message, "streams.route")
-                    continue
-                m = ev.message
-                source = f"{m.topic}|{m.partition}|{m.offset}".encode()
-                sent.append(await app.producer.send(
-                    by_job_name, job.encode(), ev.value, None, None, [(SOURCE_HEADER, source)]))
-            await asyncio.gather(*sent)
-
-    @app.agent(app.topic(names.name(TopicRole.TASK), telemetry_by_job_topic(names), **raw),
+    @app.agent(app.topic(names.name(TopicRole.TASK), names.name(TopicRole.TELEMETRY), **raw),
                name="evaluate")
     async def evaluate(stream: Any) -> None:
         # Batches: each job's snapshot is written once per batch, not once per event; the
@@ -217,5 +152,5 @@ def build_app(
         # Another worker may have moved a job's state on; re-read it from the table.
         live.clear()
 
-    del route, evaluate, forget  # registered on the app by their decorators
+    del evaluate, forget  # registered on the app by their decorators
     return app
