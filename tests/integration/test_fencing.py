@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from trainguard.actuators import zygote
+from trainguard.actuators.backend import Replica
 from trainguard.actuators.executor import Executor
 from trainguard.actuators.fencing import stop_process
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
@@ -36,6 +37,10 @@ import os, signal, sys, time
 if os.environ.get("IGNORE_TERM"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 rank, epoch, out = sys.argv[1], sys.argv[2], sys.argv[3]
+def saved(*_):
+    with open(out + ".saves", "a") as fh:
+        fh.write(f"{rank} {os.getpid()}\\n")
+signal.signal(signal.SIGUSR1, saved)  # a workload's save-on-command
 while True:
     with open(out, "a") as fh:
         fh.write(f"{rank} {epoch} {os.getpid()}\\n")
@@ -206,3 +211,34 @@ def test_a_warm_launched_rank_that_dies_leaves_its_exit_status_readable(
         assert stop_process(rep.pid, rep.create_time, 0.1).how == "already_gone"
     finally:
         zygote.stop(tmp_path / "logs" / f"zygote-{spec.job_id}.sock")
+
+
+def test_checkpoint_now_asks_the_bound_replica_and_never_a_stranger(tmp_path: Path) -> None:
+    spec = job_spec(tmp_path, ignore_term=False)
+    backend = LocalBackend(tmp_path / "logs", use_cgroups=False)
+    ex = Executor(spec, backend, lambda e: None)
+    ex.register_units()
+    saves = tmp_path / "progress.txt.saves"
+    try:
+        ex.launch_initial()
+        reps = ex.replicas()
+        deadline = time.monotonic() + 10  # the handler is installed before the first line
+        while not (tmp_path / "progress.txt").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        cmd = Command(command_id="c-ck", idempotency_key="k-ck",
+                      action=CommandAction.CHECKPOINT_NOW, tier=0, issued_at=1,
+                      issued_by="test", params={"rank": 1})
+        result = ex.execute(cmd)
+        assert result.status is OutcomeStatus.DONE, result.detail
+        deadline = time.monotonic() + 5
+        while not saves.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert saves.read_text().split() == ["1", str(reps[1].pid)]  # that rank, once
+        unbound = ex.execute(cmd.model_copy(update={"params": {"rank": 7}}))
+        assert unbound.status is OutcomeStatus.FAILED and "not bound" in unbound.detail
+        # a pid that is not the rank (here: this test process) is never signalled
+        with pytest.raises(OSError, match="is not rank 1"):
+            backend.request_checkpoint(spec, Replica(1, "u1", 1, os.getpid()))
+    finally:
+        for rep in ex.replicas().values():
+            stop_process(rep.pid, rep.create_time, 0.1)

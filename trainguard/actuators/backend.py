@@ -42,6 +42,12 @@ class Backend(Protocol):
 
     def set_quota(self, job: JobSpec, unit: UnitSpec, pct: float | None) -> str: ...
 
+    def request_checkpoint(self, job: JobSpec, replica: Replica) -> str:
+        """Ask the replica's workload to save at its next step boundary (every rank saves at
+        the same step; the ``checkpoint written`` event confirms it). Returns what was done;
+        raises ``OSError`` when the replica cannot be asked."""
+        ...
+
     def unreachable(self, job: JobSpec, unit: UnitSpec) -> str | None:
         """Why ``unit`` cannot reach the job's checkpoint storage, or None when it can."""
         ...

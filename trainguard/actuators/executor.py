@@ -163,12 +163,13 @@ class Executor:
                 released, ms = self.fence_all(cmd.command_id, "fence command")
                 return Result(OutcomeStatus.DONE, f"fenced the job's replicas in {ms:.0f} ms",
                               {"released": _scalars(released), "fence_ms": round(ms, 1)})
+            if cmd.action is CommandAction.CHECKPOINT_NOW:
+                return self._checkpoint_now(cmd)
             if cmd.action is CommandAction.ESCALATE:
                 reason = str(cmd.params.get("reason") or "no reason given")
                 return Result(OutcomeStatus.DONE, f"escalated to a human: {reason}",
                               {"reason": reason})
-            return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: not supported by the "
-                          "local backend (the workload checkpoints on its own schedule)")
+            return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: not supported")
         except (FenceError, JobSpecError, OSError) as exc:
             return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: {exc}")
 
@@ -183,6 +184,20 @@ class Executor:
             return sorted({r if isinstance(r, int) and not isinstance(r, bool) else None
                            for r in many}, key=lambda r: -1 if r is None else r)
         return [self._rank(cmd)]
+
+    def _checkpoint_now(self, cmd: Command) -> Result:
+        """Ask one bound replica (``params.rank``, else the lowest) to save; the ranks agree on
+        the step among themselves. Done = asked; the ``checkpoint written`` event is the proof
+        that it saved."""
+        replicas = self.replicas()
+        rank = self._rank(cmd)
+        if rank is None and replicas:
+            rank = min(replicas)
+        rep = replicas.get(rank) if rank is not None else None
+        if rep is None or rep.pid <= 0:
+            return Result(OutcomeStatus.FAILED, f"checkpoint_now: rank {rank} is not bound")
+        what = self.backend.request_checkpoint(self.job, rep)
+        return Result(OutcomeStatus.DONE, what, {"rank": rep.rank, "pid": rep.pid})
 
     def _raise_quota(self, cmd: Command) -> Result:
         rank = self._rank(cmd)

@@ -13,6 +13,7 @@ that dies does not take the job with it), with ``TRAINGUARD_JOB_ID``, ``TRAINGUA
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +25,7 @@ import psutil
 
 from trainguard.actuators import cgroups, zygote
 from trainguard.actuators.backend import Released, Replica
-from trainguard.actuators.fencing import stop_process
+from trainguard.actuators.fencing import is_replica_of, stop_process
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 
 # never handed to a rank: the command key and the Kafka credentials stay with the services
@@ -127,6 +128,17 @@ class LocalBackend:
         group = self._group(job, unit)  # raises CgroupError naming the controller problem
         group.set_quota_pct(pct)
         return f"cgroup {group.path} cpu quota {'unlimited' if pct is None else f'{pct:g}%'}"
+
+    def request_checkpoint(self, job: JobSpec, replica: Replica) -> str:
+        """SIGUSR1 to the replica (the workload's save-on-command, ``sdk/checkpoint``), only
+        once its environment shows it is that rank of that job: a reused pid is never
+        signalled."""
+        if not is_replica_of(replica.pid, job.job_id, replica.rank):
+            raise OSError(f"pid {replica.pid} is not rank {replica.rank} of {job.job_id} "
+                          "(gone, or its pid reused)")
+        os.kill(replica.pid, signal.SIGUSR1)
+        return (f"SIGUSR1 to rank {replica.rank} (pid {replica.pid}): the job saves at its "
+                "next request-poll step")
 
     def unreachable(self, job: JobSpec, unit: UnitSpec) -> str | None:
         """The simplest honest check of compute-data co-location: can this machine (every
