@@ -1,5 +1,5 @@
 """One scenario on the whole loop, for real: a real broker (the drills' own), agent, streams,
-decision service, actuator and incident service; a 3-rank PyTorch DDP job; rank 1 killed with
+decision service, actuator and incident service; a 4-rank PyTorch DDP job; rank 1 killed with
 SIGKILL. The conclusion must be backed by evidence, and `verify` must reproduce it from the
 recorded files alone. Minutes on this machine; needs root."""
 

@@ -65,12 +65,14 @@ def test_the_drill_job_spec_is_a_valid_local_backend_spec(tmp_path: Path) -> Non
     job = DrillJob()
     spec = parse_job_spec(job.spec(job_id="j1", ckpt_dir=tmp_path / "c", run_dir=tmp_path,
                                    node="n", agent_socket=tmp_path / "a.sock"))
-    assert spec.world_size == 3 and len(spec.units) == 3 + job.spares
+    assert spec.world_size == 4 and len(spec.units) == 4 + job.spares
+    cores = [u.cpus for u in spec.units]  # two ranks per core, before and after a node loss
+    assert cores == [(0,), (1,), (0,), (1,), (1,), (0,), (1,)]
     argv = spec.argv(1, 2, 5555, "u1")
     assert "--progress-file" in argv and argv[argv.index("--progress-file") + 1].endswith(
         "rank1-e2.jsonl")
     assert spec.env["OMP_NUM_THREADS"] == "1"
-    assert job.node_units("node-b") == ["u1", "u2"]
+    assert job.node_units("node-b") == ["u1", "u2", "u3"]
 
 
 def test_freeze_writes_the_five_archives() -> None:

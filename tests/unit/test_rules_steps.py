@@ -55,22 +55,8 @@ def test_no_straggler_on_noise_or_naturally_slow_rank() -> None:
 
 
 def test_too_few_peers_no_verdict() -> None:
-    events = list(job_steps("j", 2, 100, slow={1: (30, 2.0)}))
-    assert verdicts(events) == []  # min_peers 2: one peer cannot tell which of two is slow
-
-
-def test_three_rank_job_straggler_located() -> None:
-    # the smallest job judged: two peers, and only the slow rank stands apart from both
-    events = list(job_steps("j", 3, 100, noise=0.1, slow={1: (30, 2.0)}, seed=5))
-    out = replay(events, RULES, "j")
-    located = [(v.payload.kind, v.subject.rank) for v in out if isinstance(v.payload, Verdict)]
-    assert located and set(located) == {("straggler", 1)}
-
-
-def test_three_rank_job_noise_no_verdict() -> None:
-    for seed in range(5):
-        events = list(job_steps("j", 3, 2000, noise=0.1, seed=seed))
-        assert verdicts(events) == [], seed
+    events = list(job_steps("j", 3, 100, slow={1: (30, 2.0)}))
+    assert verdicts(events) == []  # min_peers 3: a rank needs three peers
 
 
 def test_peers_only_within_pipeline_stage() -> None:

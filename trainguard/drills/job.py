@@ -17,28 +17,31 @@ NODE_LABEL = "drill_node"  # which (logical) node a unit is on; node loss kills 
 
 @dataclass(frozen=True)
 class DrillJob:
-    world: int = 3
+    world: int = 4  # the straggler rule judges a rank against >= 3 peers
     ckpt_every: int = 10
     keep: int = 3
     seed: int = 7
     step_ms: float = 50.0
     batch: int = 32
     timeout_s: float = 20.0  # collective timeout: a hung peer ends the others after this
-    spares: int = 2
+    spares: int = 3  # a node loss takes ranks 1-3
     steps: int = 100_000  # never reached: the drill stops the job
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def units(self) -> list[dict[str, Any]]:
-        """Rank 0 on node-a, the other ranks on node-b; the spares on node-a."""
+        """Rank 0 on node-a, the other ranks on node-b; the spares on node-a. Ranks alternate
+        between the two cores, and so do the spares (from the other core), so a node loss
+        (ranks 1-3 onto the three spares) keeps two ranks per core. (With 3 ranks, two shared
+        a core: true stragglers against the third for a two-peer median.)"""
         out: list[dict[str, Any]] = []
         for r in range(self.world):
             node = "node-a" if r == 0 else "node-b"
             out.append({"name": f"u{r}", "cpus": [r % 2], "rank": r,
                         "labels": {NODE_LABEL: node, "rack": "r1"}})
         for i in range(self.spares):
-            out.append({"name": f"spare{i}", "cpus": [i % 2],
+            out.append({"name": f"spare{i}", "cpus": [(i + 1) % 2],
                         "labels": {NODE_LABEL: "node-a", "rack": "r1"}})
         return out
 
