@@ -106,3 +106,13 @@ def test_every_rule_is_an_evaluator() -> None:
         evaluator: Evaluator = rule
         assert evaluator.types
         evaluator.restore(evaluator.snapshot())
+
+
+def test_a_few_ms_above_peers_is_noise_not_a_straggler() -> None:
+    # ~1 ms of compute per step (the drills' tiny model): 3x its peers is 2 ms, scheduler noise
+    tiny = list(job_steps("j", 6, 100, base_ms=1.0, noise=0.1, slow={1: (30, 3.0)}, seed=2))
+    assert verdicts(tiny) == []
+    # the same 3x at 10 ms of compute is 20 ms a step: a straggler, located
+    real = list(job_steps("j", 6, 100, base_ms=10.0, noise=0.1, slow={1: (30, 3.0)}, seed=2))
+    opened = [v for v in verdicts(real) if v.kind == "straggler" and v.state.value == "open"]
+    assert len(opened) == 1 and float(str(opened[0].evidence["rank_ms"])) > 25

@@ -28,7 +28,7 @@ NOT_YET = (
     "and its node agent stays up)",
     "NCCL on GPUs (here: gloo on CPU)",
     "two faults at once, or a fault during a recovery",
-    "no spare left (spares = 0) and a world size above 3",
+    "no spare left (spares = 0), and a world size other than the drill job's (4 ranks)",
 )
 
 

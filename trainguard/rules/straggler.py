@@ -112,7 +112,8 @@ class StragglerRule(RuleBase):
                     baseline = min(max(base[0] / base[1], 1.0), p["baseline_max_ratio"])
             adj = ratio / baseline
             time = int(row[rank][1])
-            flags = steps.push_flag(s["flags"], rank, [adj > threshold, time, step], n)
+            over_now = adj > threshold and mean - peer_med * baseline > p["min_excess_ms"]
+            flags = steps.push_flag(s["flags"], rank, [over_now, time, step], n)
             key = f"rank:{rank}"
             if not self.book.is_open(key):
                 if not flags[-1][0]:
