@@ -246,3 +246,39 @@ def test_incident_none_tolerates_only_listed_kinds_that_recovered(
     checks = expectations(index(_slowdown_only(recovers, kind), JOB), expect)
     (check,) = [c for c in checks if c.name == "incident:none"]
     assert (check.status is Status.PASS) is ok, check.detail
+
+
+def test_a_corrupt_step_written_again_is_valid_for_a_later_restart() -> None:
+    # epoch 2 resumes from step 10 (step 20 reported corrupt), reaches step 20 again and
+    # writes it anew; epoch 3 then resumes from that new step 20, not from 10
+    from trainguard.drills.evidence.log import index
+    from trainguard.drills.evidence.progress import restarts
+    from trainguard.drills.synth import _Log, _step
+    from trainguard.events.payloads import CheckpointAction, CheckpointEvent, Injection
+    k = Knobs(world=2)
+    log = _Log()
+    t = 1_700_000_000_000_000
+
+    def run(epoch: int, first: int, last: int) -> None:
+        nonlocal t
+        for step in range(first, last + 1):
+            t += 1000
+            for r in range(k.world):
+                _step(log, k, t + r, r, epoch, step, 100 * epoch + r)
+            if step % 10 == 0:
+                log.add(CheckpointEvent(action=CheckpointAction.WRITTEN, step=step,
+                                        samples_consumed=step * 64, path=f"/c/{step}"), t + 50)
+
+    run(1, 1, 22)
+    log.add(Injection(drill_id="d", scenario="s", fault="checkpoint_corruption", phase="start",
+                      target="checkpoint"), t + 100)
+    log.add(CheckpointEvent(action=CheckpointAction.CORRUPT, step=20, samples_consumed=0,
+                            path="/c/20"), t + 200)
+    t += 1000
+    run(2, 11, 25)
+    t += 1000
+    run(3, 21, 30)
+    got = restarts(index(log.events, JOB))
+    assert not isinstance(got, str)
+    assert [(r.epoch, r.expected_step, r.corrupt_steps) for r in got] == [
+        (2, 10, (20,)), (3, 20, ())]

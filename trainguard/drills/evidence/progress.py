@@ -54,12 +54,18 @@ def restarts(log: JobLog) -> list[Restart] | str:
     for epoch in epochs:
         first = {r: seq[0] for (r, e), seq in by.items() if e == epoch}
         start = min(s.time for s in first.values())
-        corrupt = {e.payload.step for e in log.ckpt(CheckpointAction.CORRUPT, before=start)
-                   if isinstance(e.payload, CheckpointEvent)}
+        # a step's checkpoint is corrupt from its report on, until it is written again (a job
+        # that resumed from an older one reaches that step again and saves it anew)
+        corrupt_at: dict[int, int] = {}
+        for e in log.ckpt(CheckpointAction.CORRUPT, before=start):
+            if isinstance(e.payload, CheckpointEvent):
+                corrupt_at[e.payload.step] = max(corrupt_at.get(e.payload.step, -1), e.event_time)
         written = [e for e in log.ckpt(CheckpointAction.WRITTEN, before=start)
                    if isinstance(e.payload, CheckpointEvent)]
-        valid = [e for e in written
-                 if isinstance(e.payload, CheckpointEvent) and e.payload.step not in corrupt]
+        valid = [e for e in written if isinstance(e.payload, CheckpointEvent)
+                 and e.event_time > corrupt_at.get(e.payload.step, -1)]
+        rewritten = {e.payload.step for e in valid if isinstance(e.payload, CheckpointEvent)}
+        corrupt = set(corrupt_at) - rewritten
         best = max(valid, key=lambda e: (e.payload.step, e.event_time),  # type: ignore[attr-defined]
                    default=None)
         loaded = tuple((e.event_id, e.event_time,
