@@ -60,6 +60,8 @@ PARAMS: dict[str, tuple[Param, ...]] = {
         Param("min_peers", int, 3, ge(1), "peers (same job, same pp_stage) needed to judge"),
         Param("min_excess_ms", NUM, 5.0, ge(0),
               "a window is over only when the rank is also this many ms above its peers"),
+        Param("warmup_steps", int, 10, ge(0),
+              "closed steps of a new replica (after a rebind) left out of its windows"),
         Param("baseline_steps", int, 20, ge(0), "closed steps that learn a per-rank baseline"),
         Param("baseline_max_ratio", NUM, 1.12, ge(1),
               "largest learned slowness forgiven as a rank's normal speed"),

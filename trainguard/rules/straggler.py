@@ -22,8 +22,6 @@ from trainguard.rules import steps
 from trainguard.rules.base import Evidence, RuleBase, num
 from trainguard.rules.stats import median_without
 
-SETTLE_REPORTS = 1  # closed steps of a new replica left out of its window
-
 
 def stage_of(report: StepReport) -> str:
     return "-" if report.pp_stage is None else str(report.pp_stage)
@@ -35,18 +33,20 @@ class StragglerRule(RuleBase):
     def initial_state(self) -> dict[str, Any]:
         # groups: stage -> step group; hist: rank -> window; flags: rank -> last n flags;
         # base: rank -> [ratio sum, count]; calm: rank -> windows below resolve; node: rank;
-        # settle: rank -> reports of a new replica still left out (its warm-up)
+        # settle: rank -> reports of a new replica still left out (its warm-up); seen: ranks
+        # met so far (the job's first replicas warm up too)
         return {"groups": {}, "hist": {}, "flags": {}, "base": {}, "calm": {}, "node": {},
-                "settle": {}}
+                "settle": {}, "seen": {}}
 
     def rebind(self, rank: str, event: Event) -> list[Event]:
         """A new replica: its window, flags and baseline start afresh (it runs on another unit);
-        its first report is left out (a warm-up step is no straggling). An open verdict stays
-        open and resolves once the new replica's windows are back among its peers."""
+        its first ``warmup_steps`` closed steps are left out (a fresh process, and its
+        neighbours starting at the same time, are no straggling). An open verdict stays open and
+        resolves once the new replica's windows are back among its peers."""
         s = self.s
         for part in ("hist", "flags", "base", "calm"):
             s[part].pop(rank, None)
-        s.setdefault("settle", {})[rank] = SETTLE_REPORTS
+        s.setdefault("settle", {})[rank] = int(self.p["warmup_steps"])
         return []
 
     def feed(self, event: Event) -> list[Event]:
@@ -62,6 +62,10 @@ class StragglerRule(RuleBase):
         if group is None:
             group = self.s["groups"][stage] = steps.new_group()
         rank = str(rep.rank)
+        seen = self.s.setdefault("seen", {})
+        if rank not in seen:
+            seen[rank] = True
+            self.s.setdefault("settle", {})[rank] = int(self.p["warmup_steps"])
         if event.subject.node is not None:
             self.s["node"][rank] = event.subject.node
         closed = steps.add(group, rank, rep.step, rep.compute_ms, event.event_time,
@@ -84,7 +88,7 @@ class StragglerRule(RuleBase):
                 if settle[rank] <= 0:
                     del settle[rank]
                 continue
-            m = steps.push_window(hist, rank, row[rank][0], size)
+            m = steps.push_window_median(hist, rank, row[rank][0], size)
             if m is not None:
                 means[rank] = m
         if len(means) - 1 < int(p["min_peers"]):
