@@ -134,3 +134,20 @@ def test_an_incident_still_open_says_what_is_not_there_yet() -> None:
     assert a["ready"].text == "not yet: no new binding seen"
     assert a["continued"].text == "not yet: no checkpoint load seen"
     assert "(still open)" in render(kill, "text")
+
+
+def test_peers_exiting_in_the_same_instant_do_not_take_the_location() -> None:
+    # rank 3 killed; its three peers exit (code 3) at the same event time; the verdicts open
+    # in event-id order, rank 1's first. The migrate names rank 3: so do the incident and
+    # its answers.
+    sc = Scenario(job="job-b", restart_all=True, peer_exits=True)
+    log = incident_log(sc)
+    exits = sorted((e for e in log if isinstance(e.payload, Verdict)
+                    and e.payload.kind == "process_exit"), key=lambda e: (e.event_time, e.event_id))
+    assert exits[0].subject.rank != sc.kill_rank  # else this test shows nothing
+    incs = [i for i in rebuild_incidents(log)["job-b"].incidents.values() if i.heavy_commands()]
+    assert len(incs) == 1 and incs[0].subject.rank == sc.kill_rank
+    a = {x.key: x for x in build_timeline(incs[0], log).answers}
+    assert f"rank {sc.kill_rank}" in a["unavailable"].text
+    first = a["stopped"].text.split("; ")[0]
+    assert f"rank {sc.kill_rank} pid" in first and "signal 9" in first

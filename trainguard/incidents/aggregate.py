@@ -160,6 +160,18 @@ class IncidentBook:
         inc.last_time = event.event_time
         self._by_verdict[v.verdict_id] = inc.incident_id
 
+    def _relocate(self, inc: Incident) -> None:
+        """Located at the rank the decision moved as failed: exits seen in one instant (a
+        rank and the peers its death took down) open verdicts in event-id order, and the
+        first of them need not be the cause."""
+        causes = inc.cause_ranks()
+        if not causes or inc.subject.rank in causes:
+            return
+        for ref in sorted(inc.verdicts.values(), key=lambda v: (v.opened_time, v.verdict_id)):
+            if ref.subject.rank in causes:
+                inc.subject = ref.subject
+                return
+
     def _incident_of_verdict(self, verdict_id: str) -> Incident | None:
         iid = self._by_verdict.get(verdict_id)
         return None if iid is None else self.incidents[iid]
@@ -181,6 +193,7 @@ class IncidentBook:
         inc.commands[c.command_id] = ref
         self._by_command[c.command_id] = inc.incident_id
         inc.last_time = event.event_time
+        self._relocate(inc)
         if inc.terminal:
             return []
         if c.action is CommandAction.ESCALATE:

@@ -145,6 +145,19 @@ class Incident:
         return sorted((c for c in self.commands.values() if c.action in HEAVY_ACTIONS),
                       key=lambda c: (c.issued_time, c.command_id))
 
+    def cause_ranks(self) -> set[int]:
+        """The ranks the decision service moved as failed (a migrate's rank or ranks): when a
+        rank's death takes its synchronous peers with it in the same instant, the verdicts
+        alone do not say which one failed first; the decision does."""
+        out: set[int] = set()
+        for c in self.heavy_commands():
+            if c.subject.rank is not None:
+                out.add(c.subject.rank)
+            many = c.params.get("ranks")
+            if isinstance(many, list):
+                out |= {r for r in many if isinstance(r, int) and not isinstance(r, bool)}
+        return out
+
     @property
     def disrupted(self) -> bool:
         """A migration or resume is under way: the job's other symptoms belong here."""

@@ -59,6 +59,9 @@ class Scenario:
     # True: the actuator's local backend shape - every rank fenced and bound again at a new
     # epoch; False: only the killed rank moves (epoch 1), the others keep running
     restart_all: bool = False
+    # True: the killed rank's synchronous peers exit in the same instant (code 3, peer lost),
+    # as an agent that sees every exit in one pass reports them
+    peer_exits: bool = False
 
     def step_time(self, step: int, rank: int) -> int:
         return T0 + step * STEP_US + rank * 10 * MS
@@ -98,6 +101,11 @@ def observations(sc: Scenario) -> list[Event]:
                                signal=9, detected_by="pidfd"),
                    sc.job, sc.kill_time, ("exit", sc.kill_rank),
                    Subject(node=sc.node, rank=sc.kill_rank)))
+    for rank in range(sc.ranks) if sc.peer_exits else ():
+        if rank != sc.kill_rank:
+            out.append(_ev(ProcessExit(pid=_pid(rank, 0), rank=rank, binding_epoch=0,
+                                       exit_code=3, detected_by="pidfd"),
+                           sc.job, sc.kill_time, ("exit", rank), Subject(node=sc.node, rank=rank)))
     resume_at = sc.kill_time + sc.recovery_us
     ck = sc.last_checkpoint
     out.append(_ckpt(sc, CheckpointAction.LOADED, ck, resume_at - 400 * MS))

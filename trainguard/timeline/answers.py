@@ -24,7 +24,9 @@ def four_answers(inc: Incident, events: Sequence[Event]) -> list[Answer]:
 
 
 def declared_unavailable(inc: Incident) -> Answer:
-    verdicts = sorted(inc.verdicts.values(), key=lambda v: (v.opened_time, v.verdict_id))
+    causes = inc.cause_ranks()
+    verdicts = sorted(inc.verdicts.values(), key=lambda v: (
+        v.opened_time, v.subject.rank not in causes if causes else False, v.verdict_id))
     crit = [v for v in verdicts if v.severity is Severity.CRITICAL]
     if crit:
         v = crit[0]
@@ -55,7 +57,8 @@ def old_replica_stopped(inc: Incident, events: Sequence[Event]) -> Answer:
         return Answer("stopped", QUESTION["stopped"], False, None,
                       "not applicable: no replica was replaced", [])
     targets = _target_ranks(inc)
-    primary = (inc.ranks & targets) or targets  # the faulty ranks first; a restart moves all
+    # the ranks the decision moved as failed first, else the faulty ranks; a restart moves all
+    primary = inc.cause_ranks() or (inc.ranks & targets) or targets
     start = min([v.first_time for v in inc.verdicts.values()] + [inc.opened_at])
     new_pids = {b.pid for b in inc.bindings if b.pid is not None}
     exits = [e for e in events if isinstance(e.payload, ProcessExit)
