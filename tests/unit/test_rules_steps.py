@@ -152,3 +152,24 @@ def test_one_slow_step_is_a_spike_not_a_straggler() -> None:
             e = step_report("j", 2, p.step, e.event_time, 200.0, world=6)
         out.append(e)
     assert verdicts(out) == []
+
+
+def test_a_rank_still_slow_every_third_step_stays_a_straggler() -> None:
+    # 4x on 2 of every 3 steps from step 40 (opens), then on 1 of every 3 (a CPU quota that
+    # lets a step through now and then: the windows' median looks healthy, the job still
+    # waits for it every third step), healthy from step 150: resolved only after that
+    def slow(step: int) -> bool:
+        if 40 <= step < 55:
+            return step % 3 != 0
+        return 55 <= step < 150 and step % 3 == 0
+
+    out = []
+    for e in job_steps("j", 6, 200, base_ms=50.0, noise=0.05, seed=8):
+        p = e.payload
+        assert isinstance(p, StepReport)
+        if p.rank == 2 and slow(p.step):
+            e = step_report("j", 2, p.step, e.event_time, 200.0, world=6)
+        out.append(e)
+    vs = verdicts(out)
+    assert kinds(vs) == [("straggler", "open"), ("straggler", "resolved")]
+    assert int(str(vs[1].evidence["step"])) >= 150

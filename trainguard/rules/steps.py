@@ -93,16 +93,18 @@ def push_window(hist: dict[str, list[float]], key: str, value: float, size: int)
     return sum(ring) / size if len(ring) == size else None
 
 
-def push_window_median(hist: dict[str, list[float]], key: str, value: float,
-                       size: int) -> float | None:
-    """Append to a rolling window; return its median once it holds ``size`` values (one
-    outlying step in an odd window does not move it)."""
+def push_window_stats(hist: dict[str, list[float]], key: str, value: float,
+                      size: int) -> tuple[float, float] | None:
+    """Append to a rolling window; return its (median, mean) once it holds ``size`` values.
+    One outlying step in an odd window does not move the median; the mean still shows a
+    rank that is slow every other step."""
     ring = _push(hist, key, value, size)
     if len(ring) != size:
         return None
     ordered: list[float] = sorted(ring)
     mid = size // 2
-    return ordered[mid] if size % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    med = ordered[mid] if size % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return med, sum(ordered) / size
 
 
 def push_flag(flags: dict[str, list[Any]], key: str, flag: list[Any], n: int) -> list[list[Any]]:

@@ -79,7 +79,8 @@ class StragglerRule(RuleBase):
         p = self.p
         s = self.s
         size = int(p["window_steps"])
-        means: dict[str, float] = {}
+        means: dict[str, float] = {}  # the windows' medians: what opens a verdict
+        avgs: dict[str, float] = {}  # the windows' means: what must be back before it resolves
         hist = s["hist"]
         settle = s.get("settle")
         for rank in sorted(row):
@@ -88,12 +89,13 @@ class StragglerRule(RuleBase):
                 if settle[rank] <= 0:
                     del settle[rank]
                 continue
-            m = steps.push_window_median(hist, rank, row[rank][0], size)
-            if m is not None:
-                means[rank] = m
+            got = steps.push_window_stats(hist, rank, row[rank][0], size)
+            if got is not None:
+                means[rank], avgs[rank] = got
         if len(means) - 1 < int(p["min_peers"]):
             return []
         ordered = sorted(means.values())
+        ordered_avg = sorted(avgs.values())
         threshold = p["threshold_ratio"]
         learn = int(p["baseline_steps"])
         n, k = int(p["n"]), int(p["k"])
@@ -133,8 +135,11 @@ class StragglerRule(RuleBase):
                                             severity=None, first_time=int(over[0][1]),
                                             decided_time=time, evidence=ev))
             else:
-                calm = s["calm"][rank] = (s["calm"].get(rank, 0) + 1
-                                          if adj < p["resolve_ratio"] else 0)
+                avg = avgs[rank]
+                peer_avg = median_without(ordered_avg, bisect.bisect_left(ordered_avg, avg))
+                back = adj < p["resolve_ratio"] and (
+                    peer_avg <= 0 or avg / (peer_avg * baseline) < p["resolve_ratio"])
+                calm = s["calm"][rank] = s["calm"].get(rank, 0) + 1 if back else 0
                 if calm >= int(p["resolve_windows"]):
                     ev = _evidence(mean, peer_med, baseline, flags, size, len(means), stage, step)
                     s["flags"][rank] = []
