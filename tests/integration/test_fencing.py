@@ -222,8 +222,14 @@ def test_checkpoint_now_asks_the_bound_replica_and_never_a_stranger(tmp_path: Pa
     try:
         ex.launch_initial()
         reps = ex.replicas()
-        deadline = time.monotonic() + 10  # the handler is installed before the first line
-        while not (tmp_path / "progress.txt").exists() and time.monotonic() < deadline:
+        progress = tmp_path / "progress.txt"
+
+        def rank1_up() -> bool:  # its handler is installed before its first line
+            return progress.exists() and any(
+                line.startswith("1 ") for line in progress.read_text().splitlines())
+
+        deadline = time.monotonic() + 20
+        while not rank1_up() and time.monotonic() < deadline:
             time.sleep(0.02)
         cmd = Command(command_id="c-ck", idempotency_key="k-ck",
                       action=CommandAction.CHECKPOINT_NOW, tier=0, issued_at=1,
@@ -239,6 +245,18 @@ def test_checkpoint_now_asks_the_bound_replica_and_never_a_stranger(tmp_path: Pa
         # a pid that is not the rank (here: this test process) is never signalled
         with pytest.raises(OSError, match="is not rank 1"):
             backend.request_checkpoint(spec, Replica(1, "u1", 1, os.getpid()))
+        # nor is the rank while it has no handler yet (SIGUSR1 would end it)
+        bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                                env={**os.environ, "TRAINGUARD_JOB_ID": spec.job_id,
+                                     "TRAINGUARD_RANK": "1"})
+        try:
+            time.sleep(0.3)
+            with pytest.raises(OSError, match="does not handle SIGUSR1"):
+                backend.request_checkpoint(spec, Replica(1, "u1", 1, bare.pid))
+            assert bare.poll() is None  # still alive
+        finally:
+            bare.kill()
+            bare.wait(5)
     finally:
         for rep in ex.replicas().values():
             stop_process(rep.pid, rep.create_time, 0.1)

@@ -25,7 +25,7 @@ from trainguard.rules import RuleEngine, load_default_rules, synth
 
 def _scenario() -> list[Event]:
     slow = list(synth.job_steps("job-slow", 6, 90, base_ms=100.0, noise=0.05, seed=3,
-                                slow={3: (30, 2.0)}))
+                                slow={3: (20, 2.0)}))
     dead = list(synth.job_steps("job-dead", 6, 90, base_ms=80.0, noise=0.05, seed=4))
     exit_at = dead[6 * 45].event_time
     dead = [e for e in dead if not (e.subject.rank == 5 and e.event_time > exit_at)]

@@ -136,6 +136,10 @@ class LocalBackend:
         if not is_replica_of(replica.pid, job.job_id, replica.rank):
             raise OSError(f"pid {replica.pid} is not rank {replica.rank} of {job.job_id} "
                           "(gone, or its pid reused)")
+        if not catches(replica.pid, signal.SIGUSR1):
+            # SIGUSR1's default action ends the process: a rank still starting would die
+            raise OSError(f"rank {replica.rank} (pid {replica.pid}) does not handle SIGUSR1 "
+                          "(yet): not asked, so as not to kill it")
         os.kill(replica.pid, signal.SIGUSR1)
         return (f"SIGUSR1 to rank {replica.rank} (pid {replica.pid}): the job saves at its "
                 "next request-poll step")
@@ -156,6 +160,17 @@ class LocalBackend:
         except OSError as exc:
             return f"{job.ckpt_dir}: {exc.strerror or exc}"
         return None
+
+
+def catches(pid: int, signum: int, proc: Path = Path("/proc")) -> bool:
+    """Has the process installed a handler for ``signum``? (``SigCgt`` in its status.)"""
+    try:
+        for line in (proc / str(pid) / "status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return False
+    return False
 
 
 def _answers(path: Path) -> bool:
