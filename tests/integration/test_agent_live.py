@@ -89,14 +89,17 @@ def test_agent_publishes_node_records_and_a_killed_rank_exit(kafka: KafkaConfig,
     assert set(states) == {0, 1, 2}  # watched from their first report, no discovery needed
     assert all(st in (ProcessState.RUNNING, ProcessState.SLEEPING) for st in states.values())
 
-    # The killed rank first; the survivors then lose their peer and leave the job (code 3).
+    # The killed rank exits; the survivors then lose their peer and leave the job (code 3).
+    # On a loaded machine the agent may see all three in one pass (one event time), in any
+    # order: the signal, not the order, tells the killed rank.
     assert len(exits) == 3, exits
-    ex = exits[0]
-    survivors = {e.payload.rank: e.payload.exit_code for e in exits[1:]
-                 if isinstance(e.payload, ProcessExit)}
+    (ex,) = [e for e in exits if isinstance(e.payload, ProcessExit) and e.payload.rank == 1]
+    survivors = {e.payload.rank: e.payload.exit_code for e in exits
+                 if isinstance(e.payload, ProcessExit) and e.payload.rank != 1}
     assert survivors == {0: 3, 2: 3}
     assert isinstance(ex.payload, ProcessExit)
-    assert ex.job_id == "job-live" and ex.payload.rank == 1 and ex.payload.signal == 9
+    assert ex.job_id == "job-live" and ex.payload.signal == 9
+    assert ex.event_time <= min(e.event_time for e in exits)  # never after a survivor's
     assert ex.payload.pid == ranks[1].pid
     # Reported within one interval: no later than the next node record after the kill.
     after = [e.event_time for e in tele if e.event_time > killed_at]
