@@ -55,7 +55,7 @@ _STEP_WINDOW = (
 
 PARAMS: dict[str, tuple[Param, ...]] = {
     "straggler": (
-        Param("threshold_ratio", NUM, 1.18, gt(1), "rank window mean / peer median"),
+        Param("threshold_ratio", NUM, 1.18, gt(1), "rank window median / peers' median"),
         *_STEP_WINDOW,
         Param("min_peers", int, 3, ge(1), "peers (same job, same pp_stage) needed to judge"),
         Param("min_excess_ms", NUM, 5.0, ge(0),

@@ -79,8 +79,8 @@ class StragglerRule(RuleBase):
         p = self.p
         s = self.s
         size = int(p["window_steps"])
-        means: dict[str, float] = {}  # the windows' medians: what opens a verdict
-        avgs: dict[str, float] = {}  # the windows' means: what must be back before it resolves
+        medians: dict[str, float] = {}  # the windows' medians: what opens a verdict
+        means: dict[str, float] = {}  # the windows' means: what must be back before it resolves
         hist = s["hist"]
         settle = s.get("settle")
         for rank in sorted(row):
@@ -91,20 +91,20 @@ class StragglerRule(RuleBase):
                 continue
             got = steps.push_window_stats(hist, rank, row[rank][0], size)
             if got is not None:
-                means[rank], avgs[rank] = got
-        if len(means) - 1 < int(p["min_peers"]):
+                medians[rank], means[rank] = got
+        if len(medians) - 1 < int(p["min_peers"]):
             return []
-        ordered = sorted(means.values())
-        ordered_avg = sorted(avgs.values())
+        ordered = sorted(medians.values())
+        ordered_means = sorted(means.values())
         threshold = p["threshold_ratio"]
         learn = int(p["baseline_steps"])
         n, k = int(p["n"]), int(p["k"])
         out: list[Event] = []
-        for rank, mean in means.items():
-            peer_med = median_without(ordered, bisect.bisect_left(ordered, mean))
+        for rank, med in medians.items():
+            peer_med = median_without(ordered, bisect.bisect_left(ordered, med))
             if peer_med <= 0:
                 continue
-            ratio = mean / peer_med
+            ratio = med / peer_med
             baseline = 1.0  # baseline_steps 0: no per-rank baseline
             if learn:
                 base = s["base"].get(rank)
@@ -118,7 +118,7 @@ class StragglerRule(RuleBase):
                     baseline = min(max(base[0] / base[1], 1.0), p["baseline_max_ratio"])
             adj = ratio / baseline
             time = int(row[rank][1])
-            over_now = adj > threshold and mean - peer_med * baseline > p["min_excess_ms"]
+            over_now = adj > threshold and med - peer_med * baseline > p["min_excess_ms"]
             flags = steps.push_flag(s["flags"], rank, [over_now, time, step], n)
             key = f"rank:{rank}"
             if not self.book.is_open(key):
@@ -128,29 +128,29 @@ class StragglerRule(RuleBase):
                 if len(over) < k:
                     continue
                 s["calm"][rank] = 0
-                ev = _evidence(mean, peer_med, baseline, flags, size, len(means), stage, step)
+                ev = _evidence(med, peer_med, baseline, flags, size, len(medians), stage, step)
                 ev["first_anomalous_step"] = int(over[0][2])
                 subject = Subject(rank=int(rank), node=s["node"].get(rank))
                 out.extend(self.book.raise_(key, kind="straggler", subject=subject,
                                             severity=None, first_time=int(over[0][1]),
                                             decided_time=time, evidence=ev))
             else:
-                avg = avgs[rank]
-                peer_avg = median_without(ordered_avg, bisect.bisect_left(ordered_avg, avg))
+                mean = means[rank]
+                peer_mean = median_without(ordered_means, bisect.bisect_left(ordered_means, mean))
                 back = adj < p["resolve_ratio"] and (
-                    peer_avg <= 0 or avg / (peer_avg * baseline) < p["resolve_ratio"])
+                    peer_mean <= 0 or mean / (peer_mean * baseline) < p["resolve_ratio"])
                 calm = s["calm"][rank] = s["calm"].get(rank, 0) + 1 if back else 0
                 if calm >= int(p["resolve_windows"]):
-                    ev = _evidence(mean, peer_med, baseline, flags, size, len(means), stage, step)
+                    ev = _evidence(med, peer_med, baseline, flags, size, len(medians), stage, step)
                     s["flags"][rank] = []
                     out.extend(self.book.resolve(key, decided_time=time, evidence=ev))
         return out
 
 
-def _evidence(mean: float, peer_med: float, baseline: float, flags: list[list[Any]],
+def _evidence(med: float, peer_med: float, baseline: float, flags: list[list[Any]],
               size: int, ranks: int, stage: str, step: int) -> Evidence:
-    ratio = mean / peer_med
-    return {"rank_ms": num(mean), "peer_median_ms": num(peer_med), "ratio": num(ratio),
+    ratio = med / peer_med
+    return {"rank_ms": num(med), "peer_median_ms": num(peer_med), "ratio": num(ratio),
             "baseline": num(baseline), "adjusted_ratio": num(ratio / baseline),
             "windows_over": sum(1 for f in flags if f[0]), "windows": len(flags),
             "window_steps": size, "samples_used": size * ranks, "peers": ranks - 1,
