@@ -11,9 +11,12 @@ from trainguard.events.codec import decode, encode, make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
+    OUTCOME_RETRY,
+    RETRY_STORAGE_UNREACHABLE,
     Command,
     CommandAction,
     CommandOutcome,
+    FlatMap,
     IncidentTransition,
     OutcomeStatus,
     Severity,
@@ -96,13 +99,15 @@ def test_recovery_needs_the_verdicts_resolved_when_nothing_was_fenced() -> None:
     assert straggler.state is not None and straggler.state.value == "mitigating"
 
 
-def _outcome_swap(status: OutcomeStatus) -> Callable[[Event], Event]:
+def _outcome_swap(status: OutcomeStatus, data: FlatMap | None = None
+                  ) -> Callable[[Event], Event]:
     def swap(e: Event) -> Event:
         p = e.payload
         if isinstance(p, CommandOutcome) and p.action is CommandAction.RESUME and \
                 p.status is OutcomeStatus.DONE:
             return e.model_copy(update={"payload": p.model_copy(
-                update={"status": status, "detail": "no valid checkpoint"})})
+                update={"status": status, "detail": "no valid checkpoint",
+                        "data": data or {}})})
         return e
     return swap
 
@@ -111,6 +116,13 @@ def test_a_failed_resume_is_unrecoverable() -> None:
     _, kill = incidents([_outcome_swap(OutcomeStatus.FAILED)(e) for e in LOG])
     assert path(kill)[-1] == ("unrecoverable", 3)
     assert "no valid checkpoint" in payloads(kill.transitions)[-1].reason
+
+
+def test_a_resume_refused_for_a_retryable_reason_is_not_the_end() -> None:
+    swap = _outcome_swap(OutcomeStatus.FAILED, {OUTCOME_RETRY: RETRY_STORAGE_UNREACHABLE})
+    _, kill = incidents([swap(e) for e in LOG])
+    assert ("unrecoverable", 3) not in path(kill)  # the policy retries it: still mitigating
+    assert kill.state is not None and kill.state.value == "mitigating"
 
 
 def _event(payload: Verdict | Command, t: int, subject: Subject, key: str) -> Event:

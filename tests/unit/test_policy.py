@@ -11,6 +11,8 @@ from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
+    OUTCOME_RETRY,
+    RETRY_STORAGE_UNREACHABLE,
     CheckpointAction,
     CheckpointEvent,
     CommandAction,
@@ -52,11 +54,13 @@ def unit(name: str, state: UnitState, rank: int | None = None, pid: int | None =
                       event_time=1, source="test", subject=Subject(unit=name))
 
 
-def outcome(d: Decision, status: OutcomeStatus, t: int, detail: str = "") -> Event:
+def outcome(d: Decision, status: OutcomeStatus, t: int, detail: str = "",
+            retry: str | None = None) -> Event:
     c = d.command
     return make_event(CommandOutcome(command_id=c.command_id, idempotency_key=c.idempotency_key,
                                      action=c.action, status=status, finished_at=t,
-                                     detail=detail),
+                                     detail=detail,
+                                     data={OUTCOME_RETRY: retry} if retry else {}),
                       event_id=derived_id("o", c.idempotency_key, status.value), job_id=JOB,
                       event_time=t, source="test")
 
@@ -173,6 +177,73 @@ def test_failed_command_escalates_with_its_detail() -> None:
                   13 * S)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
     assert "failed: no spare can reach" in str(out[0].command.params["reason"])
+
+
+def _refused(s: PolicyState, d: Decision, t: int) -> tuple[PolicyState, list[Decision]]:
+    return feed(s, [outcome(d, OutcomeStatus.FAILED, t, "migrate: no spare can reach the job's "
+                            "storage", RETRY_STORAGE_UNREACHABLE)], t)
+
+
+def test_a_restart_refused_for_unreachable_storage_is_retried_with_backoff() -> None:
+    s, out = settled(pool(), [verdict("process_exit", 0, 10 * S, sig=9)], 12 * S)
+    (first,) = out
+    s, out = _refused(s, first, 13 * S)
+    assert out == []  # no escalation: the storage may come back
+    s, out = feed(s, [verdict("process_exit", 1, 14 * S, exit_code=3)], 14 * S)
+    s, out2 = feed(s, [], 16 * S)
+    assert out + out2 == []  # a peer's exit meanwhile is covered by the retry, not a new move
+    s, out = feed(s, [], 13 * S + int(CFG.retry_backoff_s * S) - 1)
+    assert out == []  # not before its backoff
+    s, out = feed(s, [], 13 * S + int(CFG.retry_backoff_s * S))
+    (again,) = out
+    assert again.command.action is CommandAction.MIGRATE
+    assert again.command.params == first.command.params
+    assert again.command.idempotency_key != first.command.idempotency_key
+    s, out = _refused(s, again, 20 * S)  # refused again: the wait doubles
+    s, out = feed(s, [], 20 * S + int(2 * CFG.retry_backoff_s * S) - 1)
+    assert out == []
+    s, out = feed(s, [], 20 * S + int(2 * CFG.retry_backoff_s * S))
+    (third,) = out
+    s, out = feed(s, [ckpt(40, 31 * S), outcome(third, OutcomeStatus.DONE, 31 * S)], 31 * S)
+    assert out == [] and s.retries == {} and s.pending == {}
+    assert len(s.restarts[JOB]) == 1  # the refusals were no restarts
+
+
+def test_a_retried_restart_escalates_once_its_budget_is_spent() -> None:
+    cfg = CFG
+    s, (d,) = settled(pool(), [verdict("process_exit", 0, 10 * S, sig=9)], 12 * S)
+    t = 13 * S
+    refusals = 0
+    while True:
+        s, out = _refused(s, d, t)
+        refusals += 1
+        if out:
+            break
+        assert refusals < 50
+        t = s.retries[JOB].due_at
+        s, (d,) = feed(s, [], t)
+    assert [x.command.action for x in out] == [CommandAction.ESCALATE]
+    assert t - 13 * S >= int(cfg.retry_budget_s * S)
+    reason = str(out[0].command.params["reason"])
+    assert f"refused {refusals} times" in reason and "storage" in reason
+    assert s.retries == {}
+
+
+def test_a_retry_is_dropped_when_its_verdict_resolves() -> None:
+    v = verdict("process_exit", 0, 10 * S, sig=9, vid="v-exit")
+    s, (d,) = settled(pool(), [v], 12 * S)
+    s, _ = _refused(s, d, 13 * S)
+    resolved = verdict("process_exit", 0, 14 * S, state=VerdictState.RESOLVED, vid="v-exit")
+    s, out = feed(s, [resolved], 14 * S)
+    s, out2 = feed(s, [], 60 * S)
+    assert out + out2 == [] and s.retries == {}
+
+
+def test_a_plain_failure_of_a_restart_still_escalates_at_once() -> None:
+    s, (d,) = settled(pool(), [verdict("process_exit", 0, 10 * S, sig=9)], 12 * S)
+    s, out = feed(s, [outcome(d, OutcomeStatus.FAILED, 13 * S, "fencing failed")], 13 * S)
+    assert [x.command.action for x in out] == [CommandAction.ESCALATE]
+    assert s.retries == {}
 
 
 def test_missing_outcome_times_out_into_an_escalation() -> None:

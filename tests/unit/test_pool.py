@@ -77,8 +77,12 @@ def test_no_spare_or_none_reachable_says_why() -> None:
     assert choose_spare(s, JOB, None, {}).unit is None
     assert "no spare" in choose_spare(s, JOB, None, {}).reason
     s = reduce(s, unit_event("v", UnitState.SPARE))
+    assert not choose_spare(s, JOB, None, {}).storage_blocked
     choice = choose_spare(s, JOB, None, {"v": "/ckpt: Permission denied"})
     assert choice.unit is None and "v: /ckpt: Permission denied" in choice.reason
+    assert choice.storage_blocked  # only the storage is in the way: worth retrying
+    in_failed_node = choose_spare(s, JOB, None, {}, frozenset({("node", "n1")}))
+    assert in_failed_node.unit is None and not in_failed_node.storage_blocked
 
 
 STATES = st.sampled_from(list(UnitState))
@@ -171,7 +175,12 @@ def test_a_spare_plan_is_complete_distinct_and_healthy_or_empty(
               and f"s{i}" not in bad]
     if len(usable) < need:
         assert plan.moves == {} and plan.missing
+        outside = [n for n in spare_nodes if n not in down]
+        # blocked by storage alone: a spare outside the failed domains, not given to an
+        # earlier rank, could not reach it
+        assert plan.storage_blocked == (len(outside) > len(usable))
         return
+    assert not plan.storage_blocked
     assert plan.missing is None and sorted(plan.moves) == list(range(need))
     names = [c.unit.name for c in plan.moves.values() if c.unit is not None]
     assert len(set(names)) == need and set(names) <= set(usable)

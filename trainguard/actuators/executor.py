@@ -13,13 +13,15 @@ alone in older commands) on a spare of its own outside the failure domains that 
 (``params.avoid_domains``), the others on their own units; ``resume`` in place. A migrated
 rank's old unit stays ``fenced`` (quarantined, never rebound) until an operator returns it. No
 spare for one of the failed ranks -> the command fails before anything is fenced (nothing is
-shrunk or half moved) and the policy escalates.
+shrunk or half moved) and the policy escalates. A unit that is to run a rank and cannot reach
+the job's checkpoint storage fails the command the same way, but marked retryable
+(``data.retry``): the storage may come back, and the policy retries with backoff.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,6 +31,7 @@ from trainguard.actuators.fencing import FenceError, is_replica_of, is_stale, ki
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
 from trainguard.actuators.pool import (
     PoolState,
+    Unit,
     choose_spares,
     domains,
     format_domains,
@@ -41,6 +44,8 @@ from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id, new_event_id
 from trainguard.events.payloads import (
+    OUTCOME_RETRY,
+    RETRY_STORAGE_UNREACHABLE,
     Command,
     CommandAction,
     FlatMap,
@@ -238,9 +243,11 @@ class Executor:
             if kept:
                 return Result(OutcomeStatus.FAILED, "migrate: would rebind in a failed domain: "
                               + "; ".join(kept))
-            plan = choose_spares(self.pool, job, olds, self._unreachable(), avoid)
+            plan = choose_spares(self.pool, job, olds, self._unreachable(
+                self.pool.spares_for(job)), avoid)
             if plan.missing is not None:
-                return Result(OutcomeStatus.FAILED, f"migrate: {plan.missing}")
+                return Result(OutcomeStatus.FAILED, f"migrate: {plan.missing}",
+                              _retry_when_storage(plan.storage_blocked))
             to = {r: c.unit.name for r, c in plan.moves.items() if c.unit is not None}
             placement.update(to)
             quarantine = [olds[r].name for r in sorted(olds)]
@@ -254,6 +261,13 @@ class Executor:
                          "avoided_domains": list(format_domains(avoid))})
             moved = " " + ", ".join(f"rank {r} {olds[r].name} -> {to[r]}"
                                     for r in sorted(olds)) + ";"
+        staying = [u for r, u in sorted(bound.items()) if placement[r] == u.name]
+        blocked = self._unreachable(_one_per_node(staying))
+        if blocked:
+            return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: the job's storage cannot "
+                          "be reached from " + "; ".join(f"{u}: {why}" for u, why in
+                                                         sorted(blocked.items()))
+                          + "; nothing was fenced", _retry_when_storage(True))
         t0 = time.monotonic()
         released, fence_ms = self.fence_all(cmd.command_id, f"{cmd.action.value}: replica "
                                             "replaced", quarantine)
@@ -267,9 +281,11 @@ class Executor:
                       f"fenced and relaunched at epoch {epoch}, resuming from the last valid "
                       "checkpoint", data)
 
-    def _unreachable(self) -> dict[str, str]:
+    def _unreachable(self, units: Iterable[Unit]) -> dict[str, str]:
+        """Unit name -> why it cannot reach the job's storage, for those of ``units`` that
+        cannot."""
         out: dict[str, str] = {}
-        for unit in self.pool.spares_for(self.job.job_id):
+        for unit in units:
             try:
                 spec = self.job.unit(unit.name)
             except JobSpecError:
@@ -312,6 +328,20 @@ class Executor:
                              job_id=event.job_id, event_time=now_us(), source=SOURCE,
                              subject=Subject(rank=p.rank, node=event.subject.node)))
         return True
+
+
+def _one_per_node(units: Iterable[Unit]) -> list[Unit]:
+    """A node's units share its mounts: probing one of them answers for all."""
+    seen: dict[str, Unit] = {}
+    for u in units:
+        seen.setdefault(u.node if u.node is not None else f"unit {u.name}", u)
+    return list(seen.values())
+
+
+def _retry_when_storage(blocked: bool) -> FlatMap:
+    """Outcome data of a restart refused before anything was fenced: retryable when only the
+    job's storage was in the way (it may come back)."""
+    return {OUTCOME_RETRY: RETRY_STORAGE_UNREACHABLE} if blocked else {}
 
 
 def _list(value: object) -> list[object]:

@@ -22,7 +22,12 @@ The ladder, lightest first:
   the rank's bound replica (fenced by a restart) are ignored.
 - fewer healthy spares than failed ranks -> ``escalate`` saying so: the job is never silently
   shrunk.
-- a command that fails, times out, is refused or gets no outcome -> ``escalate``.
+- a command that fails, times out, is refused or gets no outcome -> ``escalate``; except a
+  restart the actuator refused before changing anything because a unit could not reach the
+  job's storage (outcome ``data.retry``): the same command is issued again after a backoff
+  (``retry_backoff_s`` doubling up to ``retry_max_backoff_s``, a new idempotency key per
+  attempt) until it is done, its verdict resolves, or ``retry_budget_s`` has passed since the
+  first refusal -> ``escalate``. Storage that comes back is used without a human.
 - restart-storm guard: ``storm_restarts`` restarts within ``storm_window_s`` without the job's
   checkpoint step moving -> ``escalate`` and stop acting on the job.
 
@@ -48,6 +53,7 @@ from trainguard.actuators.pool import (
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
+    OUTCOME_RETRY,
     CheckpointAction,
     CheckpointEvent,
     Command,
@@ -77,6 +83,9 @@ class PolicyConfig:
     storm_restarts: int = 3  # N
     storm_window_s: float = 600.0  # T
     outcome_timeout_s: float = 180.0
+    retry_backoff_s: float = 5.0  # first wait before retrying a retryable refused restart
+    retry_max_backoff_s: float = 60.0
+    retry_budget_s: float = 600.0  # since the first refusal; then escalate
     issued_by: str = "trainguard-decide"
     # exit codes (without a signal) by which a rank says it left because a peer was lost: a
     # consequence of another rank's failure, not a fault of its own unit (3: the reference
@@ -84,7 +93,8 @@ class PolicyConfig:
     peer_exit_codes: tuple[int, ...] = (3,)
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "settle_s", "storm_window_s", "outcome_timeout_s"):
+        for name in ("window_s", "settle_s", "storm_window_s", "outcome_timeout_s",
+                     "retry_backoff_s", "retry_max_backoff_s", "retry_budget_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if self.tier_windows < 1:
@@ -132,6 +142,18 @@ class Pending:
     tier: int
     issued_at: int
     rank: int | None
+    cause: str = ""
+    params: FlatMap = field(default_factory=dict)
+    attempt: int = 0  # retries before this one
+    retry_since: int | None = None  # when the first attempt was refused
+
+
+@dataclass
+class Retry:
+    """A refused restart to issue again at ``due_at`` (attempt ``attempt``)."""
+    pending: Pending
+    due_at: int
+    since: int
 
 
 @dataclass
@@ -146,6 +168,7 @@ class PolicyState:
     restarts: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # (time, ckpt)
     ckpt_step: dict[str, int] = field(default_factory=dict)
     stopped: dict[str, str] = field(default_factory=dict)  # job -> why
+    retries: dict[str, Retry] = field(default_factory=dict)  # job -> its refused restart
 
 
 def step(state: PolicyState, event: Event, now_us: int,
@@ -181,6 +204,9 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
         if lad.done_at is None or now_us - lad.done_at < wait or lad.verdict_id not in s.open:
             continue
         _next_tier(s, lad, now_us, cfg, out)
+    for job in sorted(s.retries):
+        if now_us >= s.retries[job].due_at:
+            _retry(s, s.retries.pop(job), now_us, cfg, out)
     timeout = int(cfg.outcome_timeout_s * 1e6)
     for key in sorted(s.pending):
         pend = s.pending[key]
@@ -246,7 +272,8 @@ def _stale(s: PolicyState, ov: OpenVerdict) -> bool:
 
 
 def _restart_pending(s: PolicyState, job: str) -> bool:
-    return any(p.job == job and p.action in RESTARTS for p in s.pending.values())
+    return job in s.retries or any(p.job == job and p.action in RESTARTS
+                                   for p in s.pending.values())
 
 
 def _decide_failure(s: PolicyState, job: str, held: list[OpenVerdict], now_us: int,
@@ -364,6 +391,18 @@ def _on_outcome(s: PolicyState, job: str, o: CommandOutcome, now_us: int, cfg: P
     del s.pending[o.idempotency_key]
     at = o.finished_at or now_us
     ladder = next((lad for lad in s.ladders.values() if lad.key == o.idempotency_key), None)
+    if o.status is not OutcomeStatus.DONE and _retryable(pend, o) and pend.job not in s.stopped:
+        since = pend.retry_since if pend.retry_since is not None else at
+        if now_us - since < int(cfg.retry_budget_s * 1e6):
+            wait = min(cfg.retry_max_backoff_s, cfg.retry_backoff_s * 2 ** pend.attempt)
+            s.retries[job] = Retry(pend, now_us + int(wait * 1e6), since)
+            return
+        if ladder is not None:
+            del s.ladders[f"{ladder.job}/{ladder.rank}"]
+        _escalate(s, job, f"{pend.action.value} (tier {pend.tier}) refused {pend.attempt + 1} "
+                  f"times over {(now_us - since) / 1e6:.0f} s, the last: {o.detail}",
+                  o.idempotency_key, pend.rank, now_us, cfg, out)
+        return
     if o.status is not OutcomeStatus.DONE:
         if ladder is not None:
             del s.ladders[f"{ladder.job}/{ladder.rank}"]
@@ -386,6 +425,25 @@ def _on_outcome(s: PolicyState, job: str, o: CommandOutcome, now_us: int, cfg: P
                       o.idempotency_key, pend.rank, now_us, cfg, out)
 
 
+def _retryable(pend: Pending, o: CommandOutcome) -> bool:
+    """A restart refused before it changed anything, for a condition that may clear."""
+    return (pend.action in RESTARTS and o.status is OutcomeStatus.FAILED
+            and bool(o.data.get(OUTCOME_RETRY)))
+
+
+def _retry(s: PolicyState, r: Retry, now_us: int, cfg: PolicyConfig,
+           out: list[Decision]) -> None:
+    """Issue a refused restart again, unless its job stopped or its verdict resolved."""
+    p = r.pending
+    if p.job in s.stopped or p.cause not in s.open:
+        return
+    key = _issue(s, p.job, p.action, p.tier, p.cause, p.rank, dict(p.params), now_us, cfg, out,
+                 attempt=p.attempt + 1, retry_since=r.since)
+    for lad in s.ladders.values():
+        if key is not None and lad.key == p.key:
+            lad.key = key  # the ladder waits for this attempt now
+
+
 # --- commands ------------------------------------------------------------------------------
 
 
@@ -396,18 +454,23 @@ def _escalate(s: PolicyState, job: str, reason: str, cause: str, rank: int | Non
            out)
 
 
-def idempotency_key(job: str, cause: str, action: CommandAction, tier: int) -> str:
-    return derived_id("command-key", job, cause, action.value, tier)
+def idempotency_key(job: str, cause: str, action: CommandAction, tier: int,
+                    attempt: int = 0) -> str:
+    if attempt == 0:
+        return derived_id("command-key", job, cause, action.value, tier)
+    return derived_id("command-key", job, cause, action.value, tier, attempt)
 
 
 def _issue(s: PolicyState, job: str, action: CommandAction, tier: int, cause: str,
            rank: int | None, params: FlatMap, now_us: int, cfg: PolicyConfig,
-           out: list[Decision]) -> str | None:
-    key = idempotency_key(job, cause, action, tier)
+           out: list[Decision], attempt: int = 0,
+           retry_since: int | None = None) -> str | None:
+    key = idempotency_key(job, cause, action, tier, attempt)
     if key in s.issued:
         return None
     s.issued.add(key)
-    s.pending[key] = Pending(key, job, action, tier, now_us, rank)
+    s.pending[key] = Pending(key, job, action, tier, now_us, rank, cause, dict(params), attempt,
+                             retry_since)
     cmd = Command(command_id=derived_id("command", key), idempotency_key=key, action=action,
                   tier=tier, issued_at=now_us, issued_by=cfg.issued_by,
                   cause_verdict_ids=[cause] if cause in s.open else [], params=params)

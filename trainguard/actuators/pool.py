@@ -117,12 +117,14 @@ def rebuild(events: Iterable[Event]) -> PoolState:
 class SpareChoice:
     unit: Unit | None
     reason: str  # why this one, or why none
+    storage_blocked: bool = False  # none only because the job's storage is unreachable
 
 
 @dataclass(frozen=True)
 class SparePlan:
     moves: Mapping[int, SpareChoice]  # rank -> its spare; empty when ``missing`` says why
     missing: str | None = None
+    storage_blocked: bool = False  # missing only because the job's storage is unreachable
 
 
 def domains(u: Unit) -> frozenset[Domain]:
@@ -186,7 +188,8 @@ def choose_spares(state: PoolState, job: str, replacing: Mapping[int, Unit | Non
             need = len(replacing)
             return SparePlan({}, choice.reason if need == 1 else
                              f"{need} ranks {sorted(replacing)} need a spare each; found "
-                             f"{len(moves)} ({choice.reason}); nothing moved")
+                             f"{len(moves)} ({choice.reason}); nothing moved",
+                             choice.storage_blocked)
         moves[rank] = choice
         taken.add(choice.unit.name)
     return SparePlan(moves)
@@ -212,10 +215,11 @@ def choose_spare(state: PoolState, job: str, replacing: Unit | None,
             down = domains(u) & avoid
             return (f"in the failed domain {', '.join(format_domains(down))}" if down
                     else unreachable[u.name])
-        what = ("no spare outside the failed domain(s) " + ", ".join(format_domains(avoid))
-                if all(domains(u) & avoid for u in candidates)
-                else "no spare can reach the job's storage")
-        return SpareChoice(None, f"{what} ({'; '.join(f'{u.name}: {why(u)}' for u in candidates)})")
+        outside = [u for u in candidates if not domains(u) & avoid]
+        what = ("no spare can reach the job's storage" if outside
+                else "no spare outside the failed domain(s) " + ", ".join(format_domains(avoid)))
+        return SpareChoice(None, f"{what} ({'; '.join(f'{u.name}: {why(u)}' for u in candidates)})",
+                           storage_blocked=bool(outside))
 
     def rank_of(u: Unit) -> tuple[int, tuple[bool, ...], str]:
         reserved = 0 if u.reserved_for == job else 1

@@ -271,6 +271,12 @@ class OutcomeStatus(StrEnum):
     REFUSED = "refused"
 
 
+# ``CommandOutcome.data`` key: a failed command changed nothing, and the condition it names
+# (e.g. ``RETRY_STORAGE_UNREACHABLE``) may clear by itself, so the command is worth retrying.
+OUTCOME_RETRY = "retry"
+RETRY_STORAGE_UNREACHABLE = "storage_unreachable"
+
+
 class CommandOutcome(Payload):
     command_id: Name
     idempotency_key: Name

@@ -52,7 +52,9 @@ EVENT_TYPES: tuple[EventType, ...] = (
     EventType("command", 1, p.Command, TopicRole.COMMANDS, "job",
               "A signed remediation decision for the actuator (tier 1-3 or escalation)."),
     EventType("command.outcome", 1, p.CommandOutcome, TopicRole.OUTCOMES, "job",
-              "What happened to a command: accepted, done, failed, timed out or refused."),
+              "What happened to a command: accepted, done, failed, timed out or refused. A "
+              "failed one with `data.retry` (the condition, e.g. `storage_unreachable`) "
+              "changed nothing and may succeed once that clears: the policy retries it."),
     EventType("pool.unit", 1, p.PoolUnit, TopicRole.OUTCOMES, "job",
               "A pool unit became spare, bound (rank, epoch), draining, fenced or failed.",
               ("unit",)),

@@ -13,6 +13,7 @@ from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
+    OUTCOME_RETRY,
     CheckpointAction,
     CheckpointEvent,
     Command,
@@ -238,7 +239,8 @@ class IncidentBook:
         inc.last_time = event.event_time
         if inc.terminal:
             return []
-        if ref.action is CommandAction.RESUME and o.status in FAILED_STATUSES:
+        if (ref.action is CommandAction.RESUME and o.status in FAILED_STATUSES
+                and not o.data.get(OUTCOME_RETRY)):  # a retryable refusal: the policy retries
             return self._move(inc, S.UNRECOVERABLE, event,
                               f"resume {o.status.value}: {o.detail or 'no detail'}")
         return self._settle(inc, event)
