@@ -173,3 +173,39 @@ def test_a_rank_still_slow_every_third_step_stays_a_straggler() -> None:
     vs = verdicts(out)
     assert kinds(vs) == [("straggler", "open"), ("straggler", "resolved")]
     assert int(str(vs[1].evidence["step"])) >= 150
+
+
+def _with_compute(events: list[Event], compute_ms: dict[tuple[int, int], float]) -> list[Event]:
+    """``events`` with the (rank, step)s of ``compute_ms`` given that compute time."""
+    out = []
+    for e in events:
+        p = e.payload
+        assert isinstance(p, StepReport)
+        value = compute_ms.get((p.rank, p.step))
+        out.append(e if value is None else
+                   step_report(e.job_id, p.rank, p.step, e.event_time, value, world=6))
+    return out
+
+
+def test_a_rank_throttled_in_bursts_is_a_straggler_until_the_bursts_stop() -> None:
+    # a 2 % CPU quota on the drills' ~1 ms model: most steps run normally, one in five stalls
+    # ~100 ms (steps 30-129); the windows' median never moves, the job waits every fifth step
+    base = list(job_steps("j", 6, 200, base_ms=1.0, noise=0.1, seed=9))
+    events = _with_compute(base, {(2, s): 100.0 for s in range(30, 130) if s % 5 == 0})
+    out = replay(events, RULES, "j")
+    vs = [v.payload for v in out if isinstance(v.payload, Verdict)]
+    assert kinds(vs) == [("straggler", "open"), ("straggler", "resolved")]
+    assert out[0].subject.rank == 2
+    opened = vs[0].evidence
+    assert opened["bursts"] == 4 and 30 <= int(str(opened["first_anomalous_step"])) < 35
+    assert int(str(opened["step"])) < 50  # four bursts: ~16 steps into the fault
+    # the last bursts at 120 and 125: at most one left in the 20-step span from step 140 on
+    assert int(str(vs[1].evidence["step"])) >= 140
+
+
+def test_spikes_sparser_than_the_burst_count_are_noise() -> None:
+    # every rank descheduled for one ~50 ms step every 7 steps (never 4 in 20), at its own
+    # phase: no straggler
+    base = list(job_steps("j", 6, 300, base_ms=1.0, noise=0.1, seed=10))
+    spikes = {(r, s): 50.0 for r in range(6) for s in range(10, 300) if (s + r) % 7 == 0}
+    assert verdicts(_with_compute(base, spikes)) == []

@@ -67,6 +67,15 @@ PARAMS: dict[str, tuple[Param, ...]] = {
               "largest learned slowness forgiven as a rank's normal speed"),
         Param("resolve_ratio", NUM, 1.05, ge(1), "resolve once ratio stays below this ..."),
         Param("resolve_windows", int, 5, ge(1), "... for this many consecutive windows"),
+        Param("burst_ratio", NUM, 2.0, gt(1),
+              "a burst: one step's compute at least this times its peers' median ..."),
+        Param("burst_min_excess_ms", NUM, 10.0, ge(0), "... and this many ms above it"),
+        Param("burst_steps", int, 20, ge(1), "closed steps a rank's bursts are counted over"),
+        Param("burst_k", int, 4, ge(1),
+              "bursts within burst_steps that flag a rank slowed in bursts (a throttled "
+              "cgroup: most steps normal, one in a few stalled), which windows' medians miss"),
+        Param("burst_resolve_max", int, 1, ge(0),
+              "a verdict resolves only with at most this many bursts within burst_steps"),
     ),
     "job_slowdown": (
         Param("threshold_ratio", NUM, 1.3, gt(1), "job median window / job baseline"),

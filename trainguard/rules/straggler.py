@@ -9,6 +9,15 @@ rank that is a little slower by nature does not alarm for that alone. Flagged wh
 adjusted ratio exceeds ``threshold_ratio`` in ``k`` of the last ``n`` windows; resolved
 after ``resolve_windows`` windows below ``resolve_ratio``. A job-wide slowdown moves the peer
 median too, so it never flags ranks.
+
+The windows' medians ignore a rank slowed in bursts: a CPU quota throttles a process for the
+rest of each period once its share is spent, so most of its steps run normally and one in a few
+stalls (the drills' 2 % quota: a fifth of the steps ~100x their peers, the window medians
+untouched, the whole job 2.7x slower). So each closed step is also judged alone: a *burst* is a
+step at least ``burst_ratio`` times the peers' median of that step and ``burst_min_excess_ms``
+above it; ``burst_k`` bursts within the last ``burst_steps`` steps flag the rank too. One
+descheduled step on a shared machine is one burst, never enough. Such a verdict resolves only
+when the windows are back and at most ``burst_resolve_max`` bursts are left in the span.
 """
 
 from __future__ import annotations
@@ -35,8 +44,9 @@ class StragglerRule(RuleBase):
         # base: rank -> [ratio sum, count]; calm: rank -> windows below resolve; node: rank;
         # settle: rank -> reports of a new replica still left out (its warm-up); seen: ranks
         # met so far (the job's first replicas warm up too)
+        # bursts: rank -> the last burst_steps [burst, time, step]
         return {"groups": {}, "hist": {}, "flags": {}, "base": {}, "calm": {}, "node": {},
-                "settle": {}, "seen": {}}
+                "settle": {}, "seen": {}, "bursts": {}}
 
     def rebind(self, rank: str, event: Event) -> list[Event]:
         """A new replica: its window, flags and baseline start afresh (it runs on another unit);
@@ -44,8 +54,8 @@ class StragglerRule(RuleBase):
         neighbours starting at the same time, are no straggling). An open verdict stays open and
         resolves once the new replica's windows are back among its peers."""
         s = self.s
-        for part in ("hist", "flags", "base", "calm"):
-            s[part].pop(rank, None)
+        for part in ("hist", "flags", "base", "calm", "bursts"):
+            s.get(part, {}).pop(rank, None)
         s.setdefault("settle", {})[rank] = int(self.p["warmup_steps"])
         return []
 
@@ -83,15 +93,18 @@ class StragglerRule(RuleBase):
         means: dict[str, float] = {}  # the windows' means: what must be back before it resolves
         hist = s["hist"]
         settle = s.get("settle")
+        judged: list[str] = []
         for rank in sorted(row):
             if settle and rank in settle:
                 settle[rank] -= 1
                 if settle[rank] <= 0:
                     del settle[rank]
                 continue
+            judged.append(rank)
             got = steps.push_window_stats(hist, rank, row[rank][0], size)
             if got is not None:
                 medians[rank], means[rank] = got
+        bursts = self._count_bursts(step, row, judged)
         if len(medians) - 1 < int(p["min_peers"]):
             return []
         ordered = sorted(medians.values())
@@ -121,15 +134,22 @@ class StragglerRule(RuleBase):
             over_now = adj > threshold and med - peer_med * baseline > p["min_excess_ms"]
             flags = steps.push_flag(s["flags"], rank, [over_now, time, step], n)
             key = f"rank:{rank}"
+            burst_list = bursts.get(rank, [])
+            in_bursts = [b for b in burst_list if b[0]]
             if not self.book.is_open(key):
-                if not flags[-1][0]:
-                    continue
                 over = [f for f in flags if f[0]]
-                if len(over) < k:
+                windowed = bool(flags[-1][0]) and len(over) >= k
+                bursty = bool(burst_list) and bool(burst_list[-1][0]) and \
+                    len(in_bursts) >= int(p["burst_k"])
+                if not (windowed or bursty):
                     continue
+                if not windowed:
+                    over = in_bursts
                 s["calm"][rank] = 0
                 ev = _evidence(med, peer_med, baseline, flags, size, len(medians), stage, step)
                 ev["first_anomalous_step"] = int(over[0][2])
+                ev["bursts"] = len(in_bursts)
+                ev["burst_steps"] = len(burst_list)
                 subject = Subject(rank=int(rank), node=s["node"].get(rank))
                 out.extend(self.book.raise_(key, kind="straggler", subject=subject,
                                             severity=None, first_time=int(over[0][1]),
@@ -138,12 +158,34 @@ class StragglerRule(RuleBase):
                 mean = means[rank]
                 peer_mean = median_without(ordered_means, bisect.bisect_left(ordered_means, mean))
                 back = adj < p["resolve_ratio"] and (
-                    peer_mean <= 0 or mean / (peer_mean * baseline) < p["resolve_ratio"])
+                    peer_mean <= 0 or mean / (peer_mean * baseline) < p["resolve_ratio"]) \
+                    and len(in_bursts) <= int(p["burst_resolve_max"])
                 calm = s["calm"][rank] = s["calm"].get(rank, 0) + 1 if back else 0
                 if calm >= int(p["resolve_windows"]):
                     ev = _evidence(med, peer_med, baseline, flags, size, len(medians), stage, step)
+                    ev["bursts"] = len(in_bursts)
                     s["flags"][rank] = []
                     out.extend(self.book.resolve(key, decided_time=time, evidence=ev))
+        return out
+
+
+    def _count_bursts(self, step: int, row: dict[str, list[float]],
+                      judged: list[str]) -> dict[str, list[list[Any]]]:
+        """Push this step's burst flag of every judged rank (each against its peers' median of
+        this one step); -> rank -> its last ``burst_steps`` flags."""
+        p = self.p
+        ring = self.s.setdefault("bursts", {})
+        if len(judged) - 1 < int(p["min_peers"]):
+            return {}
+        values = sorted(row[r][0] for r in judged)
+        out: dict[str, list[list[Any]]] = {}
+        for rank in judged:
+            value = row[rank][0]
+            peer = median_without(values, bisect.bisect_left(values, value))
+            burst = peer > 0 and value >= p["burst_ratio"] * peer and \
+                value - peer >= p["burst_min_excess_ms"]
+            out[rank] = steps.push_flag(ring, rank, [burst, int(row[rank][1]), step],
+                                        int(p["burst_steps"]))
         return out
 
 
