@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from trainguard.events.codec import encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import IncidentTransition
-from trainguard.incidents import IncidentSettings, LiveIncidents, rebuild
+from trainguard.incidents import IncidentSettings, LiveIncidents, rebuild, rebuild_incidents
 from trainguard.incidents.aggregate import FOLDED_TYPES
 from trainguard.incidents.synth import incident_log
 
@@ -61,11 +61,53 @@ def test_rebuild_from_a_shuffled_duplicated_log_is_identical(seed: int) -> None:
     assert [encode(t) for t in rebuild(log, SETTINGS)] == REFERENCE
 
 
-def test_a_record_later_than_the_bound_is_counted_not_folded() -> None:
+def test_a_duplicate_of_a_released_record_changes_nothing() -> None:
     live = LiveIncidents(SETTINGS)
     for ev in LOG:
         live.feed(ev)
     live.flush()
     first_verdict = next(e for e in LOG if e.type == "verdict")
-    assert live.feed(first_verdict) == []  # already released: late, dropped, counted
+    assert live.feed(first_verdict) == [] and live.catch_up() == []
+    assert live.late == 0 and live.refolded == 0
+
+
+def outage_arrivals(log: list[Event], seed: int) -> list[Event]:
+    """A broker outage: the step reports arrive on time, every other record (verdicts,
+    commands, outcomes...) up to a minute later than the lateness bound, in order."""
+    rng = random.Random(seed)
+    lag = rng.randrange(SETTINGS.lateness_us, 60_000_000)
+    keyed = [(e.event_time + (0 if e.type == "step.report" else lag), i, e)
+             for i, e in enumerate(log)]
+    return [e for _, _, e in sorted(keyed, key=lambda k: (k[0], k[1]))]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), batch=st.sampled_from([1, 7, 50]))
+def test_records_later_than_the_bound_are_folded_in_their_place(seed: int, batch: int) -> None:
+    # the verdicts come behind step reports of later event times (the streams catching up
+    # after an outage): the books still end as the rebuild makes them, and every transition
+    # of the rebuild was emitted
+    live = LiveIncidents(SETTINGS)
+    out: list[Event] = []
+    for i, ev in enumerate(outage_arrivals(LOG, seed)):
+        out += live.feed(ev)
+        if i % batch == batch - 1:  # the service catches up after each poll batch
+            out += live.catch_up()
+    out += live.flush()
+    assert live.refolded > 0 and live.late == 0
+    assert {encode(t) for t in rebuild(LOG, SETTINGS)} <= {encode(t) for t in out}
+    rebuilt = rebuild_incidents(LOG, SETTINGS)
+    for job, book in live.books.items():
+        assert {i: (inc.state, inc.tier) for i, inc in book.incidents.items()} == {
+            i: (inc.state, inc.tier) for i, inc in rebuilt[job].incidents.items()}
+
+
+def test_a_record_older_than_the_kept_history_is_counted_not_folded() -> None:
+    live = LiveIncidents(SETTINGS, history_max=10)
+    for ev in LOG:
+        live.feed(ev)
+    live.flush()
+    first_verdict = next(e for e in LOG if e.type == "verdict")
+    late = first_verdict.model_copy(update={"event_id": "a-new-id"})
+    assert live.feed(late) == [] and live.catch_up() == []
     assert live.late == 1

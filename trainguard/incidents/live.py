@@ -3,53 +3,145 @@ released in (event_time, event_id) order by a reorder buffer, then folded per jo
 
 Given the same events (any interleaving within ``lateness_us``, duplicates allowed) it emits
 exactly what ``rebuild`` computes from the whole log. ``flush()`` releases what is buffered
-(the service calls it when the log has been idle); events that arrive later than the flushed
-watermark are counted as late and left out, as they would be in the rules.
+(the service calls it when the log has been idle).
+
+A record later than that (behind the released watermark) is not dropped: after a broker
+outage the agents' spooled step reports flood in while the streams are still catching up, so
+verdicts arrive behind step reports of later event times. The late record is put in its
+place in the job's history and ``catch_up()`` folds the job again from there, so the books
+end as ``rebuild`` makes them; a transition already published with other content stays on
+the topic (the publisher counts it as a conflict and ``trainguard replay`` lists it). The
+history is bounded: past ``history_max`` records per job, the oldest half is folded into a
+base book and forgotten; a record older than that base is counted ``late`` and left out.
 """
 
 from __future__ import annotations
 
+import bisect
+import copy
+from dataclasses import dataclass, field
+
+from trainguard.events.codec import encode
 from trainguard.events.envelope import Event
 from trainguard.incidents.aggregate import FOLDED_TYPES, IncidentBook
+from trainguard.incidents.model import order_key
 from trainguard.incidents.settings import IncidentSettings
 from trainguard.rules.ordering import ReorderBuffer
 
+HISTORY_MAX = 400_000  # records per job kept for re-folding (step reports are most of them)
+
+
+@dataclass
+class _Job:
+    book: IncidentBook
+    base: IncidentBook  # the fold of every record before ``history``
+    buffer: ReorderBuffer
+    history: list[Event] = field(default_factory=list)  # released, in order_key order
+    keys: list[tuple[int, str]] = field(default_factory=list)  # order_key of each
+    ids: set[str] = field(default_factory=set)
+    emitted: dict[str, bytes] = field(default_factory=dict)  # transition id -> bytes
+    forgotten_until: tuple[int, str] | None = None  # order_key of the newest record in base
+    dirty: bool = False  # a late record is in the history: fold again before going on
+
 
 class LiveIncidents:
-    def __init__(self, settings: IncidentSettings | None = None) -> None:
+    def __init__(self, settings: IncidentSettings | None = None,
+                 history_max: int = HISTORY_MAX) -> None:
+        if history_max < 2:
+            raise ValueError(f"history_max: must be >= 2 (got {history_max})")
         self.settings = settings or IncidentSettings()
-        self.books: dict[str, IncidentBook] = {}
-        self._buffers: dict[str, ReorderBuffer] = {}
+        self.history_max = history_max
+        self._jobs: dict[str, _Job] = {}
+        self.late = 0  # records older than a job's kept history: left out
+        self.refolded = 0  # records that came behind the watermark and were folded in
+
+    @property
+    def books(self) -> dict[str, IncidentBook]:
+        return {name: job.book for name, job in self._jobs.items()}
 
     def feed(self, event: Event) -> list[Event]:
         if event.type not in FOLDED_TYPES:
             return []
-        buf = self._buffers.get(event.job_id)
-        if buf is None:
-            buf = self._buffers[event.job_id] = ReorderBuffer(self.settings.lateness_us)
-        return self._fold(event.job_id, buf.push(event))
+        job = self._job(event.job_id)
+        if event.event_time > job.buffer.watermark:
+            return self._fold(job, job.buffer.push(event))
+        if event.event_id in job.ids:
+            return []  # a duplicate of a released record
+        key = order_key(event)
+        if job.forgotten_until is not None and key <= job.forgotten_until:
+            self.late += 1  # before the kept history: cannot be put in its place
+            return []
+        at = bisect.bisect_left(job.keys, key)
+        job.keys.insert(at, key)
+        job.history.insert(at, event)
+        job.ids.add(event.event_id)
+        job.dirty = True
+        self.refolded += 1
+        return []
+
+    def catch_up(self) -> list[Event]:
+        """Fold again every job that took a late record; the transitions not emitted yet (or
+        emitted with other content: the publisher reports those as conflicts)."""
+        out: list[Event] = []
+        for name in sorted(self._jobs):
+            job = self._jobs[name]
+            if not job.dirty:
+                continue
+            job.dirty = False
+            job.book = copy.deepcopy(job.base)
+            for ev in job.history:
+                out += self._new(job, job.book.apply(ev))
+        return out
 
     def flush(self) -> list[Event]:
         out: list[Event] = []
-        for job, buf in sorted(self._buffers.items()):
-            out += self._fold(job, buf.drain())
-        return out
-
-    @property
-    def late(self) -> int:
-        return sum(b.late for b in self._buffers.values())
+        for name in sorted(self._jobs):
+            job = self._jobs[name]
+            out += self._fold(job, job.buffer.drain())
+        return out + self.catch_up()
 
     @property
     def buffered(self) -> int:
-        return sum(len(b) for b in self._buffers.values())
+        return sum(len(job.buffer) for job in self._jobs.values())
 
-    def _fold(self, job: str, released: list[Event]) -> list[Event]:
-        if not released:
-            return []
-        book = self.books.get(job)
-        if book is None:
-            book = self.books[job] = IncidentBook(job, self.settings)
+    def _job(self, name: str) -> _Job:
+        job = self._jobs.get(name)
+        if job is None:
+            job = self._jobs[name] = _Job(IncidentBook(name, self.settings),
+                                          IncidentBook(name, self.settings),
+                                          ReorderBuffer(self.settings.lateness_us))
+        return job
+
+    def _fold(self, job: _Job, released: list[Event]) -> list[Event]:
         out: list[Event] = []
-        for ev in released:
-            out += book.apply(ev)
+        for ev in released:  # all after the history (the buffer releases past its watermark)
+            if ev.event_id in job.ids:
+                continue
+            job.keys.append(order_key(ev))
+            job.history.append(ev)
+            job.ids.add(ev.event_id)
+            if not job.dirty:  # else catch_up folds it with the late record in its place
+                out += self._new(job, job.book.apply(ev))
+        if len(job.history) > self.history_max:
+            self._forget_oldest(job)
         return out
+
+    def _new(self, job: _Job, transitions: list[Event]) -> list[Event]:
+        out = []
+        for t in transitions:
+            data = encode(t)
+            if job.emitted.get(t.event_id) != data:
+                job.emitted[t.event_id] = data
+                out.append(t)
+        return out
+
+    def _forget_oldest(self, job: _Job) -> None:
+        if job.dirty:
+            return  # after the catch-up
+        half = len(job.history) // 2
+        for ev in job.history[:half]:
+            job.base.apply(ev)
+            job.ids.discard(ev.event_id)
+        job.forgotten_until = job.keys[half - 1]
+        del job.history[:half]
+        del job.keys[:half]

@@ -99,6 +99,7 @@ async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
         # topic by topic is not an arrival order within any lateness: time order is
         for ev in order(history.events):
             out += live.feed(ev)
+        out += live.catch_up()
         stats.consumed += len(history.events)
         await publisher.publish(out)
         log.info("incidents: rebuilt from %d events, %d transitions known",
@@ -111,6 +112,7 @@ async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
             out = []
             for ev in order(item.event for item in batch):  # a batch spans partitions
                 out += live.feed(ev)
+            out += live.catch_up()  # records that came behind the watermark, in their place
             if batch:
                 last_input = loop.time()
             elif live.buffered and loop.time() - last_input >= idle_flush_s:
