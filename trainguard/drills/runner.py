@@ -155,6 +155,32 @@ class Progress:
             sys.stdout.write("\n")
 
 
+INCIDENTS_QUIET_S = 4.0  # twice the stack's incident idle flush (2 s)
+INCIDENTS_SETTLE_MAX_S = 45.0
+
+
+def settled_log(read: Callable[[], list[Event]], quiet_s: float = INCIDENTS_QUIET_S,
+                limit_s: float = INCIDENTS_SETTLE_MAX_S,
+                clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep) -> list[Event]:
+    """The job's log once the incident service has decided its tail. It releases the last
+    records of a window only after its idle flush, and folds late ones in after that: read
+    right at the teardown, the log can hold an incident's opening without its end (the
+    2026-12-03 broker-outage drill did). Read again until no incident transition has come
+    for ``quiet_s`` (at most ``limit_s``)."""
+    start = clock()
+    events = read()
+    seen = sum(e.type == "incident.transition" for e in events)
+    quiet_since = clock()
+    while clock() - quiet_since < quiet_s and clock() - start < limit_s:
+        sleep(1.0)
+        events = read()
+        now = sum(e.type == "incident.transition" for e in events)
+        if now != seen:
+            seen, quiet_since = now, clock()
+    return events
+
+
 def _wait(seconds: float, tick: Callable[[], None], step_s: float = 0.5) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -272,7 +298,7 @@ def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
         res.archive["artifacts"] = artifacts.to_dict() if artifacts else None
         res.archive["abort"] = res.abort
         res.archive["unsent_injections"] = len(rec.pending)
-    events = read_job_log(stack.config("trainguard-drill-record"), job_id)
+    events = settled_log(lambda: read_job_log(stack.config("trainguard-drill-record"), job_id))
     write_jsonl(sdir / "events.jsonl", events)
     res.max_step = max((getattr(e.payload, "step", 0) for e in events
                         if e.type == "step.report"), default=0)
