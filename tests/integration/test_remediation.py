@@ -53,10 +53,16 @@ BATCH = 8
 CKPT_EVERY = 5
 
 JOB = r'''
-import hashlib, json, os, sys, time
+import hashlib, json, os, signal, sys, time
 rank, world, ckpt, progress = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 epoch = int(os.environ["TRAINGUARD_BINDING_EPOCH"])
 BATCH, EVERY = 8, 5
+SAVE_NOW = os.path.join(ckpt, "SAVE_NOW")
+
+def asked(*_):  # save on command: any rank asked, rank 0 saves at its next step
+    open(SAVE_NOW, "w").close()
+
+signal.signal(signal.SIGUSR1, asked)
 
 def valid(path):
     try:
@@ -85,7 +91,10 @@ while True:
     step += 1
     pos += BATCH * world
     log(kind="step", step=step, samples_consumed=pos)
-    if rank == 0 and step % EVERY == 0:
+    requested = rank == 0 and os.path.exists(SAVE_NOW)
+    if rank == 0 and (step % EVERY == 0 or requested):
+        if requested:
+            os.remove(SAVE_NOW)
         state = {"step": step, "samples_consumed": pos}
         body = json.dumps(state, sort_keys=True).encode()
         tmp = os.path.join(ckpt, f".tmp-{step}")
@@ -94,7 +103,7 @@ while True:
             fh.flush()
             os.fsync(fh.fileno())
         os.rename(tmp, os.path.join(ckpt, f"step-{step:09d}.json"))
-        log(kind="checkpoint", step=step, samples_consumed=pos)
+        log(kind="checkpoint", step=step, samples_consumed=pos, requested=requested)
     time.sleep(max(0.0, 0.1 - (time.time() - t0)))
 '''
 
@@ -124,7 +133,8 @@ class Loop:
         self.procs = [
             subprocess.Popen([*base, "decide", *kafka_args, "--window-s", str(window_s),
                                      "--tier-windows", "2", "--settle-s", "1",
-                                     "--quota-pct", "200"], env=env),
+                                     "--quota-pct", "200", "--checkpoint-wait-s", "2"],
+                             env=env),
             subprocess.Popen([*base, "actuator", *kafka_args, "--job-spec",
                                      str(tmp / "job.yaml"), "--launch", "--state-dir",
                                      str(tmp / "state")]
@@ -289,10 +299,17 @@ def test_a_throttled_rank_climbs_from_quota_to_migration(
     events = loop.log()
     cmds = [e.payload for e in events if isinstance(e.payload, Command)]
     assert [(c.action, c.tier) for c in cmds] == [(CommandAction.RAISE_QUOTA, 1),
+                                                  (CommandAction.CHECKPOINT_NOW, 2),
                                                   (CommandAction.MIGRATE, 2)]
     assert cmds[0].params["quota_pct"] == 200
     assert outcomes(events) == [("raise_quota", "accepted"), ("raise_quota", "done"),
+                                ("checkpoint_now", "accepted"), ("checkpoint_now", "done"),
                                 ("migrate", "accepted"), ("migrate", "done")]
+    # the save asked before the migration was made, by the running job, before it was fenced
+    save, move = cmds[1], cmds[2]
+    saved = [p for p in loop.progress() if p["kind"] == "checkpoint" and p.get("requested")]
+    assert saved and save.issued_at / 1e6 <= saved[0]["time"] <= move.issued_at / 1e6
+    assert move.issued_at - save.issued_at >= 2 * 1e6  # no checkpoint event here: it waited
     quota = next(e.payload for e in events if isinstance(e.payload, CommandOutcome)
                  and e.payload.action is CommandAction.RAISE_QUOTA
                  and e.payload.status is OutcomeStatus.DONE)

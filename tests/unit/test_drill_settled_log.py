@@ -15,7 +15,8 @@ pytestmark = pytest.mark.unit
 def transition(seq: int) -> Event:
     return make_event(IncidentTransition(incident_id="inc", seq=seq, from_state=None,
                                          to_state=IncidentState.DETECTED, reason="r"),
-                      event_id=f"transition-{seq}", job_id="j", event_time=1_000 + seq, source="test")
+                      event_id=f"transition-{seq}", job_id="j", event_time=1_000 + seq,
+                      source="test")
 
 
 class FakeLog:

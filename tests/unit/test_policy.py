@@ -110,7 +110,13 @@ def test_straggler_climbs_the_ladder_one_tier_at_a_time() -> None:
     s, out = feed(s, [outcome(q, OutcomeStatus.DONE, 61 * S)], 61 * S)
     s, out = feed(s, [], 61 * S + 9 * S)
     assert out == []  # 2 windows of 5 s not yet over
-    s, out = feed(s, [], 71 * S)
+    s, out = feed(s, [], 71 * S)  # tier 2 saves first: fewer steps redone after the restart
+    assert [(d.command.action, d.command.tier) for d in out] == [
+        (CommandAction.CHECKPOINT_NOW, 2)]
+    assert out[0].command.params["rank"] == 2
+    s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, 72 * S)], 72 * S)
+    assert out == []  # asked: now the checkpoint itself
+    s, out = feed(s, [ckpt(50, 74 * S)], 74 * S)
     assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.MIGRATE, 2)]
     m = out[0]
     assert m.command.params["from_unit"] == "u2"
@@ -119,6 +125,47 @@ def test_straggler_climbs_the_ladder_one_tier_at_a_time() -> None:
     s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, 91 * S)], 101 * S)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
     assert "still slow after tiers 1-3" in str(out[0].command.params["reason"])
+
+
+def _to_tier_two(cfg: PolicyConfig = CFG) -> tuple[PolicyState, list[Decision]]:
+    s, out = feed(pool(), [ckpt(40, 1 * S), verdict("straggler", 2, 10 * S, vid="v-slow")],
+                  10 * S)
+    s, _ = feed(s, [outcome(out[0], OutcomeStatus.DONE, 11 * S)], 11 * S)
+    return policy.tick(s, 21 * S, cfg)  # M windows after tier 1
+
+
+def test_a_straggler_migrates_without_its_save_when_the_save_fails_or_takes_too_long() -> None:
+    s, (save,) = _to_tier_two()
+    assert save.command.action is CommandAction.CHECKPOINT_NOW
+    _, out = feed(s, [outcome(save, OutcomeStatus.FAILED, 22 * S, "no SIGUSR1 handler")], 22 * S)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]  # no escalation
+    s, out = feed(s, [outcome(save, OutcomeStatus.DONE, 22 * S)], 22 * S)
+    s, out = feed(s, [], 21 * S + int(CFG.checkpoint_wait_s * S) - 1)
+    assert out == []  # still waiting for the checkpoint
+    s, out = feed(s, [], 21 * S + int(CFG.checkpoint_wait_s * S))
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    s, _ = feed(s, [outcome(out[0], OutcomeStatus.DONE, 52 * S)], 52 * S)
+    s, out = feed(s, [], 54 * S + int(CFG.outcome_timeout_s * S))
+    assert CommandAction.ESCALATE not in [d.command.action for d in out]  # nothing pending
+    # an old checkpoint (not newer than when it asked) does not count as the save
+    s, (save,) = _to_tier_two()
+    s, out = feed(s, [outcome(save, OutcomeStatus.DONE, 22 * S), ckpt(40, 23 * S)], 23 * S)
+    assert out == []
+
+
+def test_a_straggler_resolved_while_saving_is_not_migrated() -> None:
+    s, (save,) = _to_tier_two()
+    resolved = verdict("straggler", 2, 10 * S, VerdictState.RESOLVED, vid="v-slow")
+    s, out = feed(s, [resolved, outcome(save, OutcomeStatus.DONE, 22 * S)], 22 * S)
+    s, out2 = feed(s, [], 100 * S)
+    assert out == [] and out2 == [] and s.ladders == {}
+
+
+def test_no_save_before_migrating_when_its_wait_is_zero() -> None:
+    cfg = PolicyConfig(window_s=5, tier_windows=2, settle_s=1, quota_pct=400,
+                       checkpoint_wait_s=0)
+    _, out = _to_tier_two(cfg)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
 
 
 def test_a_resolved_straggler_stops_the_ladder() -> None:

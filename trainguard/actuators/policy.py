@@ -7,7 +7,10 @@ the bus or a process. The decision service (``decider.py``) does the I/O around 
 
 The ladder, lightest first:
 - a straggler verdict -> tier 1 ``raise_quota`` for the rank's unit; still open ``tier_windows``
-  windows after that is done -> tier 2 ``migrate`` to a spare; still open after as long again
+  windows after that is done -> tier 2: first ``checkpoint_now`` (the job is still running, so
+  a save now means fewer steps redone after the restart), then, once a newer checkpoint is
+  written, its command failed, or ``checkpoint_wait_s`` has passed, ``migrate`` to a spare
+  (``checkpoint_wait_s`` 0: migrate at once); still open after as long again
   -> tier 3 ``resume`` (the job's process group restarted in place from the last valid
   checkpoint); still open -> ``escalate`` (tiers exhausted).
 - a failure verdict (process exit, rank silent, must-drain XID, link down) -> ``migrate`` with
@@ -86,6 +89,7 @@ class PolicyConfig:
     retry_backoff_s: float = 5.0  # first wait before retrying a retryable refused restart
     retry_max_backoff_s: float = 60.0
     retry_budget_s: float = 600.0  # since the first refusal; then escalate
+    checkpoint_wait_s: float = 30.0  # a straggler's save before its migration (0: no save)
     issued_by: str = "trainguard-decide"
     # exit codes (without a signal) by which a rank says it left because a peer was lost: a
     # consequence of another rank's failure, not a fault of its own unit (3: the reference
@@ -94,7 +98,8 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         for name in ("window_s", "settle_s", "storm_window_s", "outcome_timeout_s",
-                     "retry_backoff_s", "retry_max_backoff_s", "retry_budget_s"):
+                     "retry_backoff_s", "retry_max_backoff_s", "retry_budget_s",
+                     "checkpoint_wait_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
         if self.tier_windows < 1:
@@ -132,6 +137,15 @@ class Ladder:
     tier: int
     key: str  # the current tier's command
     done_at: int | None = None  # when the current tier's command was done
+    saving: Saving | None = None  # tier 2's save before the migration, under way
+
+
+@dataclass
+class Saving:
+    key: str  # the checkpoint_now command
+    since: int
+    ckpt_before: int  # the job's newest checkpoint step when it was asked
+    ended: bool = False  # its command failed: migrate without waiting
 
 
 @dataclass
@@ -201,8 +215,21 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
     wait = int(cfg.window_s * cfg.tier_windows * 1e6)
     for name in sorted(s.ladders):
         lad = s.ladders[name]
+        if lad.saving is not None:
+            if _saved(s, lad.job, lad.saving, now_us, cfg):
+                s.pending.pop(lad.saving.key, None)  # asked; its outcome no longer matters
+                lad.saving = None
+                _next_tier(s, lad, now_us, cfg, out)
+            continue
         if lad.done_at is None or now_us - lad.done_at < wait or lad.verdict_id not in s.open:
             continue
+        if lad.tier == 1 and cfg.checkpoint_wait_s > 0 and lad.job not in s.stopped:
+            key = _issue(s, lad.job, CommandAction.CHECKPOINT_NOW, 2, lad.verdict_id, lad.rank,
+                         {"rank": lad.rank, "reason": "straggler: save before migrating"},
+                         now_us, cfg, out)
+            if key is not None:
+                lad.saving = Saving(key, now_us, s.ckpt_step.get(lad.job, -1))
+                continue
         _next_tier(s, lad, now_us, cfg, out)
     for job in sorted(s.retries):
         if now_us >= s.retries[job].due_at:
@@ -216,6 +243,13 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
                       f"{pend.tier}) within {cfg.outcome_timeout_s:.0f} s", key, pend.rank,
                       now_us, cfg, out)
     return s, out
+
+
+def _saved(s: PolicyState, job: str, saving: Saving, now_us: int, cfg: PolicyConfig) -> bool:
+    """Has the save before a migration ended: a newer checkpoint, its command failed, or its
+    time is up?"""
+    return (saving.ended or s.ckpt_step.get(job, -1) > saving.ckpt_before
+            or now_us - saving.since >= int(cfg.checkpoint_wait_s * 1e6))
 
 
 def _copy(state: PolicyState) -> PolicyState:
@@ -390,6 +424,13 @@ def _on_outcome(s: PolicyState, job: str, o: CommandOutcome, now_us: int, cfg: P
         return
     del s.pending[o.idempotency_key]
     at = o.finished_at or now_us
+    saving = next((lad for lad in s.ladders.values()
+                   if lad.saving is not None and lad.saving.key == o.idempotency_key), None)
+    if saving is not None and saving.saving is not None:
+        # a save is best effort: failed (e.g. the rank does not take save requests), the
+        # migration goes on from the last checkpoint; done, it waits for the checkpoint
+        saving.saving.ended = o.status is not OutcomeStatus.DONE
+        return
     ladder = next((lad for lad in s.ladders.values() if lad.key == o.idempotency_key), None)
     if o.status is not OutcomeStatus.DONE and _retryable(pend, o) and pend.job not in s.stopped:
         since = pend.retry_since if pend.retry_since is not None else at

@@ -27,6 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--storm-window-s", type=float, default=600.0, help="... within (T)")
     p.add_argument("--outcome-timeout-s", type=float, default=180.0,
                    help="escalate when a command has no final outcome after this")
+    p.add_argument("--checkpoint-wait-s", type=float, default=30.0,
+                   help="before migrating a straggler, ask the job to save and wait this long "
+                        "for the checkpoint (0: migrate at once; default 30)")
     p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: none)")
     p.set_defaults(func=_run)
 
@@ -43,7 +46,8 @@ def _run(args: argparse.Namespace) -> int:
                            settle_s=args.settle_s, quota_pct=args.quota_pct,
                            storm_restarts=args.storm_restarts,
                            storm_window_s=args.storm_window_s,
-                           outcome_timeout_s=args.outcome_timeout_s)
+                           outcome_timeout_s=args.outcome_timeout_s,
+                           checkpoint_wait_s=args.checkpoint_wait_s)
     except (SigningKeyError, ValueError) as exc:
         raise SystemExit(f"trainguard decide: {exc}") from None
     cfg = kafka_config(args, client_id="trainguard-decide")
