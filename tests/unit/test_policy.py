@@ -156,9 +156,11 @@ def test_a_straggler_migrates_without_its_save_when_the_save_fails_or_takes_too_
 def test_a_straggler_resolved_while_saving_is_not_migrated() -> None:
     s, (save,) = _to_tier_two()
     resolved = verdict("straggler", 2, 10 * S, VerdictState.RESOLVED, vid="v-slow")
-    s, out = feed(s, [resolved, outcome(save, OutcomeStatus.DONE, 22 * S)], 22 * S)
-    s, out2 = feed(s, [], 100 * S)
-    assert out == [] and out2 == [] and s.ladders == {}
+    s, out = feed(s, [resolved], 22 * S)
+    s, out2 = feed(s, [outcome(save, OutcomeStatus.FAILED, 23 * S, "no SIGUSR1 handler")],
+                   23 * S)
+    s, out3 = feed(s, [], 300 * S)
+    assert out == out2 == out3 == [] and s.ladders == {}  # no migrate, no escalation
 
 
 def test_no_save_before_migrating_when_its_wait_is_zero() -> None:

@@ -237,6 +237,10 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
     timeout = int(cfg.outcome_timeout_s * 1e6)
     for key in sorted(s.pending):
         pend = s.pending[key]
+        if pend.action is CommandAction.CHECKPOINT_NOW:  # best effort: forgotten, no escalation
+            if now_us - pend.issued_at > timeout:
+                del s.pending[key]
+            continue
         if pend.action is not CommandAction.ESCALATE and now_us - pend.issued_at > timeout:
             del s.pending[key]
             _escalate(s, pend.job, f"no final outcome for {pend.action.value} (tier "
@@ -424,12 +428,13 @@ def _on_outcome(s: PolicyState, job: str, o: CommandOutcome, now_us: int, cfg: P
         return
     del s.pending[o.idempotency_key]
     at = o.finished_at or now_us
-    saving = next((lad for lad in s.ladders.values()
-                   if lad.saving is not None and lad.saving.key == o.idempotency_key), None)
-    if saving is not None and saving.saving is not None:
-        # a save is best effort: failed (e.g. the rank does not take save requests), the
-        # migration goes on from the last checkpoint; done, it waits for the checkpoint
-        saving.saving.ended = o.status is not OutcomeStatus.DONE
+    if pend.action is CommandAction.CHECKPOINT_NOW:
+        # a save is best effort, never escalated: failed (e.g. the rank takes no save
+        # requests), the migration goes on from the last checkpoint; done, it waits for the
+        # checkpoint itself
+        for lad in s.ladders.values():
+            if lad.saving is not None and lad.saving.key == o.idempotency_key:
+                lad.saving.ended = o.status is not OutcomeStatus.DONE
         return
     ladder = next((lad for lad in s.ladders.values() if lad.key == o.idempotency_key), None)
     if o.status is not OutcomeStatus.DONE and _retryable(pend, o) and pend.job not in s.stopped:
