@@ -159,6 +159,9 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, help="the worker's --batch-size")
     ap.add_argument("worker_args", nargs="*", help="after --: more `trainguard streams` options")
     args = ap.parse_args()
+    if args.worker_args and "--" not in sys.argv:  # `8 16` is not --jobs 8 --ranks 16
+        ap.error(f"unrecognized arguments: {' '.join(args.worker_args)} (worker options go "
+                 "after --)")
     seconds = EXIT_AFTER_S + args.jobs * EXIT_EVERY_S + TAIL_S
     fleet: list[list[tuple[bytes, bytes]]] = []
     if args.nodes:
