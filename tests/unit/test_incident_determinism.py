@@ -27,6 +27,11 @@ def arrivals(log: list[Event], seed: int, dup_share: float) -> list[Event]:
     keyed = [(e.event_time + rng.randrange(lateness), i, e) for i, e in enumerate(log)]
     keyed += [(e.event_time + rng.randrange(lateness), len(log) + i, e)
               for i, e in enumerate(log) if rng.random() < dup_share]
+    return in_arrival_order(keyed)
+
+
+def in_arrival_order(keyed: list[tuple[int, int, Event]]) -> list[Event]:
+    """(arrival time, tie-break, record) -> the records as they arrive."""
     return [e for _, _, e in sorted(keyed, key=lambda k: (k[0], k[1]))]
 
 
@@ -76,9 +81,8 @@ def outage_arrivals(log: list[Event], seed: int) -> list[Event]:
     commands, outcomes...) up to a minute later than the lateness bound, in order."""
     rng = random.Random(seed)
     lag = rng.randrange(SETTINGS.lateness_us, 60_000_000)
-    keyed = [(e.event_time + (0 if e.type == "step.report" else lag), i, e)
-             for i, e in enumerate(log)]
-    return [e for _, _, e in sorted(keyed, key=lambda k: (k[0], k[1]))]
+    return in_arrival_order([(e.event_time + (0 if e.type == "step.report" else lag), i, e)
+                             for i, e in enumerate(log)])
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

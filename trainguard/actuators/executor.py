@@ -262,7 +262,7 @@ class Executor:
             moved = " " + ", ".join(f"rank {r} {olds[r].name} -> {to[r]}"
                                     for r in sorted(olds)) + ";"
         staying = [u for r, u in sorted(bound.items()) if placement[r] == u.name]
-        blocked = self._unreachable(_one_per_node(staying))
+        blocked = self._unreachable(staying)
         if blocked:
             return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: the job's storage cannot "
                           "be reached from " + "; ".join(f"{u}: {why}" for u, why in
@@ -283,15 +283,19 @@ class Executor:
 
     def _unreachable(self, units: Iterable[Unit]) -> dict[str, str]:
         """Unit name -> why it cannot reach the job's storage, for those of ``units`` that
-        cannot."""
+        cannot. A node's units share its mounts: one probe per node answers for all."""
         out: dict[str, str] = {}
+        by_node: dict[str, str | None] = {}
         for unit in units:
             try:
                 spec = self.job.unit(unit.name)
             except JobSpecError:
                 out[unit.name] = "not a unit of this actuator's job spec"
                 continue
-            why = self.backend.unreachable(self.job, spec)
+            node = unit.node if unit.node is not None else f"unit {unit.name}"
+            if node not in by_node:
+                by_node[node] = self.backend.unreachable(self.job, spec)
+            why = by_node[node]
             if why is not None:
                 out[unit.name] = why
         return out
@@ -328,14 +332,6 @@ class Executor:
                              job_id=event.job_id, event_time=now_us(), source=SOURCE,
                              subject=Subject(rank=p.rank, node=event.subject.node)))
         return True
-
-
-def _one_per_node(units: Iterable[Unit]) -> list[Unit]:
-    """A node's units share its mounts: probing one of them answers for all."""
-    seen: dict[str, Unit] = {}
-    for u in units:
-        seen.setdefault(u.node if u.node is not None else f"unit {u.name}", u)
-    return list(seen.values())
 
 
 def _retry_when_storage(blocked: bool) -> FlatMap:

@@ -42,7 +42,7 @@ it already issued, and the actuator refuses a key it has used.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainguard.actuators.pool import (
     Domain,
@@ -164,10 +164,9 @@ class Pending:
 
 @dataclass
 class Retry:
-    """A refused restart to issue again at ``due_at`` (attempt ``attempt``)."""
+    """A refused restart (its ``retry_since`` set) to issue again at ``due_at``."""
     pending: Pending
     due_at: int
-    since: int
 
 
 @dataclass
@@ -217,7 +216,6 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
         lad = s.ladders[name]
         if lad.saving is not None:
             if _saved(s, lad.job, lad.saving, now_us, cfg):
-                s.pending.pop(lad.saving.key, None)  # asked; its outcome no longer matters
                 lad.saving = None
                 _next_tier(s, lad, now_us, cfg, out)
             continue
@@ -228,6 +226,8 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
                          {"rank": lad.rank, "reason": "straggler: save before migrating"},
                          now_us, cfg, out)
             if key is not None:
+                # best effort, never escalated: its ladder follows it, not the pending table
+                del s.pending[key]
                 lad.saving = Saving(key, now_us, s.ckpt_step.get(lad.job, -1))
                 continue
         _next_tier(s, lad, now_us, cfg, out)
@@ -237,10 +237,6 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
     timeout = int(cfg.outcome_timeout_s * 1e6)
     for key in sorted(s.pending):
         pend = s.pending[key]
-        if pend.action is CommandAction.CHECKPOINT_NOW:  # best effort: forgotten, no escalation
-            if now_us - pend.issued_at > timeout:
-                del s.pending[key]
-            continue
         if pend.action is not CommandAction.ESCALATE and now_us - pend.issued_at > timeout:
             del s.pending[key]
             _escalate(s, pend.job, f"no final outcome for {pend.action.value} (tier "
@@ -423,38 +419,35 @@ def _next_tier(s: PolicyState, lad: Ladder, now_us: int, cfg: PolicyConfig,
 
 def _on_outcome(s: PolicyState, job: str, o: CommandOutcome, now_us: int, cfg: PolicyConfig,
                 out: list[Decision]) -> None:
-    pend = s.pending.get(o.idempotency_key)
-    if pend is None or o.status not in FINAL:
+    if o.status not in FINAL:
         return
-    del s.pending[o.idempotency_key]
-    at = o.finished_at or now_us
-    if pend.action is CommandAction.CHECKPOINT_NOW:
-        # a save is best effort, never escalated: failed (e.g. the rank takes no save
-        # requests), the migration goes on from the last checkpoint; done, it waits for the
-        # checkpoint itself
-        for lad in s.ladders.values():
-            if lad.saving is not None and lad.saving.key == o.idempotency_key:
-                lad.saving.ended = o.status is not OutcomeStatus.DONE
-        return
-    ladder = next((lad for lad in s.ladders.values() if lad.key == o.idempotency_key), None)
-    if o.status is not OutcomeStatus.DONE and _retryable(pend, o) and pend.job not in s.stopped:
-        since = pend.retry_since if pend.retry_since is not None else at
-        if now_us - since < int(cfg.retry_budget_s * 1e6):
-            wait = min(cfg.retry_max_backoff_s, cfg.retry_backoff_s * 2 ** pend.attempt)
-            s.retries[job] = Retry(pend, now_us + int(wait * 1e6), since)
+    for lad in s.ladders.values():
+        if lad.saving is not None and lad.saving.key == o.idempotency_key:
+            # a save is best effort: failed (e.g. the rank takes no save requests), the
+            # migration goes on from the last checkpoint; done, it waits for the checkpoint
+            lad.saving.ended = o.status is not OutcomeStatus.DONE
             return
-        if ladder is not None:
-            del s.ladders[f"{ladder.job}/{ladder.rank}"]
-        _escalate(s, job, f"{pend.action.value} (tier {pend.tier}) refused {pend.attempt + 1} "
-                  f"times over {(now_us - since) / 1e6:.0f} s, the last: {o.detail}",
-                  o.idempotency_key, pend.rank, now_us, cfg, out)
+    pend = s.pending.pop(o.idempotency_key, None)
+    if pend is None:
         return
+    at = o.finished_at or now_us
+    ladder = next((lad for lad in s.ladders.values() if lad.key == o.idempotency_key), None)
     if o.status is not OutcomeStatus.DONE:
+        what = f"{o.status.value}: {o.detail}"
+        if _retryable(pend, o) and job not in s.stopped:
+            since = pend.retry_since if pend.retry_since is not None else at
+            if now_us - since < int(cfg.retry_budget_s * 1e6):
+                wait = min(cfg.retry_max_backoff_s, cfg.retry_backoff_s * 2 ** pend.attempt)
+                s.retries[job] = Retry(replace(pend, retry_since=since),
+                                       now_us + int(wait * 1e6))
+                return
+            what = (f"refused {pend.attempt + 1} times over {(now_us - since) / 1e6:.0f} s, "
+                    f"the last: {o.detail}")
         if ladder is not None:
             del s.ladders[f"{ladder.job}/{ladder.rank}"]
         if pend.action is not CommandAction.ESCALATE:
-            _escalate(s, job, f"{pend.action.value} (tier {pend.tier}) {o.status.value}: "
-                      f"{o.detail}", o.idempotency_key, pend.rank, now_us, cfg, out)
+            _escalate(s, job, f"{pend.action.value} (tier {pend.tier}) {what}",
+                      o.idempotency_key, pend.rank, now_us, cfg, out)
         return
     if ladder is not None:
         ladder.done_at = at
@@ -484,7 +477,7 @@ def _retry(s: PolicyState, r: Retry, now_us: int, cfg: PolicyConfig,
     if p.job in s.stopped or p.cause not in s.open:
         return
     key = _issue(s, p.job, p.action, p.tier, p.cause, p.rank, dict(p.params), now_us, cfg, out,
-                 attempt=p.attempt + 1, retry_since=r.since)
+                 attempt=p.attempt + 1, retry_since=p.retry_since)
     for lad in s.ladders.values():
         if key is not None and lad.key == p.key:
             lad.key = key  # the ladder waits for this attempt now

@@ -166,8 +166,9 @@ def settled_log(read: Callable[[], list[Event]], quiet_s: float = INCIDENTS_QUIE
     """The job's log once the incident service has decided its tail. It releases the last
     records of a window only after its idle flush, and folds late ones in after that: read
     right at the teardown, the log can hold an incident's opening without its end (the
-    2026-12-03 broker-outage drill did). Read again until no incident transition has come
-    for ``quiet_s`` (at most ``limit_s``)."""
+    2026-12-03 broker-outage drill did). ``read`` (the drill's live tail, in memory) is read
+    again every second until no incident transition has come for ``quiet_s`` (at most
+    ``limit_s``)."""
     start = clock()
     events = read()
     seen = sum(e.type == "incident.transition" for e in events)
@@ -289,6 +290,7 @@ def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
             _stop_job(census)
             _remove_cgroups(job_id)
             census.stop()
+            settled_log(tail.events)  # the incident service has decided the window's tail
             tail.stop()
             rec.flush(30)
             bar.done()
@@ -298,7 +300,7 @@ def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
         res.archive["artifacts"] = artifacts.to_dict() if artifacts else None
         res.archive["abort"] = res.abort
         res.archive["unsent_injections"] = len(rec.pending)
-    events = settled_log(lambda: read_job_log(stack.config("trainguard-drill-record"), job_id))
+    events = read_job_log(stack.config("trainguard-drill-record"), job_id)
     write_jsonl(sdir / "events.jsonl", events)
     res.max_step = max((getattr(e.payload, "step", 0) for e in events
                         if e.type == "step.report"), default=0)

@@ -37,7 +37,6 @@ class _Job:
     base: IncidentBook  # the fold of every record before ``history``
     buffer: ReorderBuffer
     history: list[Event] = field(default_factory=list)  # released, in order_key order
-    keys: list[tuple[int, str]] = field(default_factory=list)  # order_key of each
     ids: set[str] = field(default_factory=set)
     emitted: dict[str, bytes] = field(default_factory=dict)  # transition id -> bytes
     forgotten_until: tuple[int, str] | None = None  # order_key of the newest record in base
@@ -71,9 +70,7 @@ class LiveIncidents:
         if job.forgotten_until is not None and key <= job.forgotten_until:
             self.late += 1  # before the kept history: cannot be put in its place
             return []
-        at = bisect.bisect_left(job.keys, key)
-        job.keys.insert(at, key)
-        job.history.insert(at, event)
+        job.history.insert(bisect.bisect_left(job.history, key, key=order_key), event)
         job.ids.add(event.event_id)
         job.dirty = True
         self.refolded += 1
@@ -117,7 +114,6 @@ class LiveIncidents:
         for ev in released:  # all after the history (the buffer releases past its watermark)
             if ev.event_id in job.ids:
                 continue
-            job.keys.append(order_key(ev))
             job.history.append(ev)
             job.ids.add(ev.event_id)
             if not job.dirty:  # else catch_up folds it with the late record in its place
@@ -142,6 +138,5 @@ class LiveIncidents:
         for ev in job.history[:half]:
             job.base.apply(ev)
             job.ids.discard(ev.event_id)
-        job.forgotten_until = job.keys[half - 1]
+        job.forgotten_until = order_key(job.history[half - 1])
         del job.history[:half]
-        del job.keys[:half]

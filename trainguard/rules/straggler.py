@@ -168,7 +168,6 @@ class StragglerRule(RuleBase):
                     out.extend(self.book.resolve(key, decided_time=time, evidence=ev))
         return out
 
-
     def _count_bursts(self, step: int, row: dict[str, list[float]],
                       judged: list[str]) -> dict[str, list[list[Any]]]:
         """Push this step's burst flag of every judged rank (each against its peers' median of

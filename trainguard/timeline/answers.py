@@ -26,7 +26,7 @@ def four_answers(inc: Incident, events: Sequence[Event]) -> list[Answer]:
 def declared_unavailable(inc: Incident) -> Answer:
     causes = inc.cause_ranks()
     verdicts = sorted(inc.verdicts.values(), key=lambda v: (
-        v.opened_time, v.subject.rank not in causes if causes else False, v.verdict_id))
+        v.opened_time, v.subject.rank not in causes, v.verdict_id))
     crit = [v for v in verdicts if v.severity is Severity.CRITICAL]
     if crit:
         v = crit[0]
