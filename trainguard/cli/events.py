@@ -49,9 +49,9 @@ def _tail(args: argparse.Namespace) -> int:
     async def run() -> None:
         dlq = EventProducer(cfg)
         consumer = EventConsumer(cfg, roles, group_id=None, name="tail", dlq=dlq)
-        await dlq.start()
-        await consumer.start()
         try:
+            await dlq.start()
+            await consumer.start()
             while True:
                 batch = await (consumer.poll(timeout_ms=1000) if args.follow
                                else consumer.drain(idle_ms=1000))
