@@ -8,7 +8,7 @@ import logging
 import socket
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--peer", action="append", default=[],
                    help="peer address of the job to measure RTT/retransmits toward")
     p.add_argument("--no-kernel-log", action="store_true", help="do not follow the kernel log")
-    p.add_argument("--fault-log", type=Path, help="a node fault log (JSONL/CSV) to import")
+    p.add_argument("--fault-log", type=input_file, help="a node fault log (JSONL/CSV) to import")
     p.add_argument("--discover", action="store_true",
                    help="also watch processes whose environment has TRAINGUARD_JOB_ID")
     p.add_argument("--duration", type=float, help="stop after this many seconds")

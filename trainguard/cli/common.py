@@ -14,7 +14,6 @@ from pathlib import Path
 from trainguard.bus.config import KafkaConfig
 from trainguard.dev.kafka import KafkaBroker
 
-
 EXIT_FAILED = 1  # an unexpected error (its traceback with --debug or TRAINGUARD_DEBUG=1)
 EXIT_USAGE = 2  # bad input (a file, a config, an argument) or a service that cannot be reached
 EXIT_INTERRUPTED = 130

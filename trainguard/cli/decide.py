@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("decide", help="run the remediation policy: verdicts -> signed commands")
     add_kafka_args(p)
-    p.add_argument("--key-file", type=Path, help="command signing key (default "
+    p.add_argument("--key-file", type=input_file, help="command signing key (default "
                    "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
     p.add_argument("--job", action="append", help="only these jobs (default: every job)")
     p.add_argument("--window-s", type=float, default=5.0,

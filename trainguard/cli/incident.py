@@ -8,7 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
 from trainguard.incidents.query import IncidentNotFound, find, incident_views
@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _log_args(p: argparse.ArgumentParser) -> None:
     add_kafka_args(p)
-    p.add_argument("--log", type=Path, help="an exported JSON-lines log instead of the topics "
-                   "(`trainguard replay export`)")
+    p.add_argument("--log", type=input_file, help="an exported JSON-lines log instead of the "
+                   "topics (`trainguard replay export`)")
     p.add_argument("--job", help="only this job")
     _settings_args(p)
 

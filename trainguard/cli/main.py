@@ -87,7 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(exc.code, str):
             raise
         return _fail(exc.code, EXIT_USAGE)  # a command's own one-line refusal
-    except Exception as exc:  # noqa: BLE001 -- the one place every failure is reported
+    except Exception as exc:  # the one place every failure is reported
         if debug:
             raise
         known = describe_failure(exc, getattr(args, "kafka_bootstrap", None))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 
+from trainguard.cli.common import input_file
 from trainguard.cli.incident import load_log, settings_of
 from trainguard.events.envelope import Event
 from trainguard.incidents.source import LogFileError, LogSourceError, write_log
@@ -24,7 +25,8 @@ WHEN = "ISO time (2026-01-01T00:00:05Z), epoch microseconds, or an offset from t
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp = sub.add_parser("replay", help="replay the log: reproduce or what-if; export it")
     _common(rp)
-    rp.add_argument("--rules", type=Path, help="rule file (default: the shipped default rules)")
+    rp.add_argument("--rules", type=input_file,
+                    help="rule file (default: the shipped default rules)")
     rp.add_argument("--json", action="store_true", help="the comparison as JSON")
     rp.add_argument("--join-window-ms", type=int, default=30_000, help=argparse.SUPPRESS)
     rp.add_argument("--lateness-ms", type=int, default=15_000, help=argparse.SUPPRESS)
@@ -40,7 +42,7 @@ def _common(p: argparse.ArgumentParser, default: object = None) -> None:
     p.add_argument("--bootstrap", default=default, help="Kafka bootstrap servers (default: "
                    "$TRAINGUARD_KAFKA_BOOTSTRAP, else the dev broker if running)")
     p.add_argument("--prefix", default=default, help="topic prefix")
-    p.add_argument("--log", type=Path, default=default,
+    p.add_argument("--log", type=input_file, default=default,
                    help="an exported JSON-lines log instead of the topics")
     p.add_argument("--from", dest="start", metavar="T", default=default, help=WHEN)
     p.add_argument("--to", dest="end", metavar="T", default=default, help=WHEN)
