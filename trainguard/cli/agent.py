@@ -8,7 +8,13 @@ import logging
 import socket
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
+from trainguard.cli.common import (
+    CliError,
+    add_kafka_args,
+    input_file,
+    kafka_config,
+    run_until_stopped,
+)
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -46,6 +52,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from trainguard.agent.build import AgentOptions, build_agent
 
+    if args.fault_log is not None and args.fault_log.exists() and not args.fault_log.is_file():
+        # a missing fault log is followed until it appears; anything else is a mistake
+        raise CliError(f"--fault-log {args.fault_log}: not a regular file")
     cfg = kafka_config(args, client_id=f"trainguard-agent-{args.node}")
     opts = AgentOptions(
         node=args.node, job_id=args.job_id, interval_s=args.interval,

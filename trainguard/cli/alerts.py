@@ -52,7 +52,8 @@ def _load(path: Path) -> AlertsConfig:
     try:
         return load(path)
     except ConfigError as err:
-        raise SystemExit(f"alerts config {path}: {err}") from None
+        where = "" if str(err).startswith(str(path)) else f"{path}: "
+        raise SystemExit(f"trainguard alerts: config {where}{err}") from None
 
 
 def _check(args: argparse.Namespace) -> int:

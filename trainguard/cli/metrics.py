@@ -99,7 +99,7 @@ def _traces(args: argparse.Namespace) -> int:
                     events.append(decode(line))
                 except ContractError as err:
                     print(f"{args.file}:{lineno}: {err}", file=sys.stderr)
-                    return 1
+                    return 2
     plans = [p for p in plan_traces(events) if p.complete or args.all]
     endpoint = otlp_endpoint(args.otlp_endpoint)
     emitter = otlp_emitter(endpoint, service_name="trainguard-replay") if endpoint else None
