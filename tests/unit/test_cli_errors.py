@@ -33,8 +33,10 @@ LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
 # Path arguments a command writes or creates (not read): not walked with bad files.
 OUTPUTS = {"out", "output", "state_dir", "spool_dir", "socket", "run_dir", "root", "datadir"}
 # Documented exceptions, with the reason; everything else must exit 2.
-EXIT_CODES = {("events", "validate"): {"malformed": 1}}  # 1: "N invalid record(s)" found
-SKIP = {
+EXIT_CODES: dict[tuple[str, ...], dict[str, int]] = {
+    ("events", "validate"): {"malformed": 1},  # 1: "N invalid record(s)" found, its result
+}
+SKIP: dict[tuple[str, ...], dict[str, str]] = {
     ("agent",): {"missing": "a fault log is followed until it appears (like tail -F)",
                  "malformed": "bad fault-log rows are counted and skipped, not fatal",
                  "broker": "the agent spools through broker outages by design"},
