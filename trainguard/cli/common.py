@@ -51,8 +51,20 @@ def kafka_config(args: argparse.Namespace, client_id: str = "trainguard") -> Kaf
             bootstrap = dev.bootstrap
     cfg = KafkaConfig.from_env(bootstrap=bootstrap, topic_prefix=getattr(args, "prefix", None),
                                client_id=client_id)
+    check_bootstrap(cfg.bootstrap)
     args.kafka_bootstrap = cfg.bootstrap  # named by the error line if Kafka cannot be reached
     return cfg
+
+
+def check_bootstrap(bootstrap: str) -> None:
+    """``host[:port],...`` with every port a number from 1 to 65535."""
+    for server in bootstrap.split(","):
+        host, sep, port = server.strip().rpartition(":")
+        if not sep:
+            host, port = port, "9092"
+        if not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CliError(f"Kafka bootstrap {bootstrap!r}: {server.strip()!r} is not "
+                           "host:port (port 1-65535)")
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
