@@ -245,3 +245,23 @@ def test_a_real_process_fails_in_one_line_and_quickly(argv: list[str], tmp_path:
     assert "Traceback" not in proc.stderr, proc.stderr
     assert len(lines) == 1 and proc.returncode == 2, proc.stderr
     assert lines[0].startswith("trainguard ")
+
+
+@pytest.mark.parametrize("bootstrap", ["127.0.0.1:notaport", "h:0", "a:1,:2"])
+def test_a_malformed_bootstrap_is_one_line(bootstrap: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, lines = _run(["topics", "list", "--bootstrap", bootstrap], capsys)
+    assert code == 2 and len(lines) == 1 and "is not host:port" in lines[0], lines
+
+
+@pytest.mark.parametrize(("meta", "field"), [(b"\xff", "not valid UTF-8"), (b"{", "not JSON"),
+                                             (b"{}", "'run_id'"),
+                                             (b'{"run_id": "r", "scenarios": [1]}',
+                                              "'scenarios'")])
+@pytest.mark.parametrize("action", ["verify", "report"])
+def test_a_broken_drill_run_is_one_line(meta: bytes, field: str, action: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "run.json").write_bytes(meta)
+    code, lines = _run(["drill", action, str(tmp_path)], capsys)
+    assert code == 2 and len(lines) == 1 and field in lines[0], lines
+    assert str(tmp_path / "run.json") in lines[0]
