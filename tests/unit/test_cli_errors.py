@@ -265,3 +265,17 @@ def test_a_broken_drill_run_is_one_line(meta: bytes, field: str, action: str, tm
     code, lines = _run(["drill", action, str(tmp_path)], capsys)
     assert code == 2 and len(lines) == 1 and field in lines[0], lines
     assert str(tmp_path / "run.json") in lines[0]
+
+
+@pytest.mark.parametrize(("argv", "what"), [
+    (["agent", "--job-id", "bad id"], "job id 'bad id'"),
+    (["agent", "--node", ""], "node ''"),
+    (["decide", "--job", "x" * 200], "job id 'xxx"),
+])
+def test_an_id_that_breaks_the_contract_is_refused_before_running(
+        argv: list[str], what: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINGUARD_COMMAND_KEY", "k" * 32)
+    code, lines = _run([*argv, "--bootstrap", BOOTSTRAP], capsys)
+    assert code == 2 and len(lines) == 1, lines
+    assert what in lines[0] and "breaks the event contract" in lines[0]

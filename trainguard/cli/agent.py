@@ -11,6 +11,7 @@ from pathlib import Path
 from trainguard.cli.common import (
     CliError,
     add_kafka_args,
+    check_ids,
     input_file,
     kafka_config,
     run_until_stopped,
@@ -55,6 +56,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.fault_log is not None and args.fault_log.exists() and not args.fault_log.is_file():
         # a missing fault log is followed until it appears; anything else is a mistake
         raise CliError(f"--fault-log {args.fault_log}: not a regular file")
+    check_ids(job_id=args.job_id, node=args.node)
     cfg = kafka_config(args, client_id=f"trainguard-agent-{args.node}")
     opts = AgentOptions(
         node=args.node, job_id=args.job_id, interval_s=args.interval,

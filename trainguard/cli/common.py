@@ -36,6 +36,25 @@ def input_file(text: str) -> Path:
     return Path(text)
 
 
+def check_ids(*, job_id: str | None = None, node: str | None = None) -> None:
+    """Command-line ids that travel in events, checked by the contract's own validators."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from trainguard.configfile import show
+    from trainguard.events.envelope import JobId, Subject
+
+    checks = [("job id", job_id, lambda v: TypeAdapter(JobId).validate_python(v)),
+              ("node", node, lambda v: Subject(node=v))]
+    for what, value, check in checks:
+        if value is None:
+            continue
+        try:
+            check(value)
+        except ValidationError as exc:
+            raise CliError(f"{what} {show(value)} breaks the event contract: "
+                           f"{exc.errors()[0]['msg']}") from None
+
+
 def add_kafka_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (default: "
                         "$TRAINGUARD_KAFKA_BOOTSTRAP, else the dev broker if running)")

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
+from trainguard.cli.common import (
+    add_kafka_args,
+    check_ids,
+    input_file,
+    kafka_config,
+    run_until_stopped,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +55,8 @@ def _run(args: argparse.Namespace) -> int:
                            checkpoint_wait_s=args.checkpoint_wait_s)
     except (SigningKeyError, ValueError) as exc:
         raise SystemExit(f"trainguard decide: {exc}") from None
+    for job in args.job or ():
+        check_ids(job_id=job)
     cfg = kafka_config(args, client_id="trainguard-decide")
     metrics.serve(args.metrics_port)
     decider = Decider(cfg, DeciderOptions(key=key, policy=pol,
