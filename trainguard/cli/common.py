@@ -43,13 +43,17 @@ def check_ids(*, job_id: str | None = None, node: str | None = None) -> None:
     from trainguard.configfile import show
     from trainguard.events.envelope import JobId, Subject
 
-    checks = [("job id", job_id, lambda v: TypeAdapter(JobId).validate_python(v)),
-              ("node", node, lambda v: Subject(node=v))]
-    for what, value, check in checks:
+    def check(what: str, value: str) -> None:
+        if what == "node":
+            Subject(node=value)
+        else:
+            TypeAdapter(JobId).validate_python(value)
+
+    for what, value in (("job id", job_id), ("node", node)):
         if value is None:
             continue
         try:
-            check(value)
+            check(what, value)
         except ValidationError as exc:
             raise CliError(f"{what} {show(value)} breaks the event contract: "
                            f"{exc.errors()[0]['msg']}") from None
