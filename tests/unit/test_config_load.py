@@ -186,3 +186,31 @@ def test_a_scenario_number_is_finite(tmp_path: Path) -> None:
     path.write_bytes(b"name: \xff\n")
     with pytest.raises(ScenarioError, match="not valid UTF-8"):
         load_scenario(path)
+
+
+ANY_SCALAR = st.one_of(st.none(), st.booleans(), NUMBERS, st.text(max_size=12),
+                       st.sampled_from(["{rank}", "{rank.x}", "{rank[0]}", "{0}", "{nope}",
+                                        "{rank!z}", "a\0b", "-x", "u/0", ""]))
+ANY_VALUE = st.recursive(ANY_SCALAR, lambda inner: st.one_of(
+    st.lists(inner, max_size=4),
+    st.dictionaries(st.sampled_from(["name", "cpus", "rank", "labels", "x", "A"]), inner,
+                    max_size=4)), max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None)
+@given(changes=st.dictionaries(st.sampled_from(sorted({*SPEC, "node", "grace_s", "env",
+                                                       "log_dir", "preload"})),
+                               ANY_VALUE, max_size=3))
+def test_any_job_spec_loads_into_one_that_launches_or_gives_one_line(
+        changes: dict[str, Any]) -> None:
+    try:
+        spec = parse_job_spec({**SPEC, **changes}, "job.yaml")
+    except JobSpecError as err:
+        assert "\n" not in str(err) and str(err).startswith("job.yaml: "), str(err)
+        return
+    for unit in spec.units:  # everything a launch reads from the spec
+        assert all(isinstance(a, str) and "\0" not in a
+                   for a in spec.argv(unit.rank or 0, 1, 1234, unit.name))
+        assert all(0 <= c for c in unit.cpus)
+    assert all("\0" not in k + v for k, v in spec.env.items())
+    assert 0 <= spec.grace_s < float("inf") and spec.node and str(spec.ckpt_dir)

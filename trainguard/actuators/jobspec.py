@@ -94,8 +94,8 @@ class JobSpec:
                   "port": port, "ckpt_dir": str(self.ckpt_dir), "epoch": epoch, "unit": unit}
         try:
             return [part.format(**values) for part in self.command]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise JobSpecError(f"command: bad placeholder ({exc})") from None
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
+            raise JobSpecError(f"field 'command': bad placeholder ({exc})") from None
 
 
 def load_job_spec(path: Path) -> JobSpec:
@@ -165,10 +165,15 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
     log_dir = doc.get("log_dir")
     if log_dir is not None:
         _text(where, "log_dir", log_dir)
-    return JobSpec(job_id=job_id, world_size=world, command=tuple(command), units=units,
+    spec = JobSpec(job_id=job_id, world_size=world, command=tuple(command), units=units,
                    preload=tuple(preload), ckpt_dir=Path(ckpt_dir), node=node,
                    grace_s=float(grace), env=dict(env),
                    log_dir=Path(log_dir) if log_dir else None)
+    try:  # a placeholder that cannot be filled fails now, not at the first launch
+        spec.argv(0, 0, 1, units[0].name)
+    except JobSpecError as exc:
+        raise JobSpecError(f"{where}: {exc}") from None
+    return spec
 
 
 def _unit(doc: Any, i: int, where: str) -> UnitSpec:
