@@ -211,6 +211,6 @@ def test_any_job_spec_loads_into_one_that_launches_or_gives_one_line(
     for unit in spec.units:  # everything a launch reads from the spec
         assert all(isinstance(a, str) and "\0" not in a
                    for a in spec.argv(unit.rank or 0, 1, 1234, unit.name))
-        assert all(0 <= c for c in unit.cpus)
+        assert all(c >= 0 for c in unit.cpus)
     assert all("\0" not in k + v for k, v in spec.env.items())
     assert 0 <= spec.grace_s < float("inf") and spec.node and str(spec.ckpt_dir)
