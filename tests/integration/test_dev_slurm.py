@@ -1,0 +1,112 @@
+"""The dev Slurm cluster is real: munge, slurmctld and one slurmd per network-namespace node.
+
+One cluster for the module (start ~2 s); the tests run real ``srun`` steps across the nodes,
+take a node away as a lost node goes (link down, slurmd killed) and check that Slurm itself marks
+it down, restart after a crash, and tear down without leftovers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainguard.dev.slurm import (
+    BRIDGE,
+    NETNS_PREFIX,
+    ClusterInfo,
+    ClusterSpec,
+    SlurmCluster,
+    _alive,
+    _netns_list,
+)
+
+pytestmark = pytest.mark.integration
+
+SPEC = ClusterSpec(nodes=2, spares=1)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start(SPEC, timeout_s=60)
+    except Exception as exc:
+        c.stop()
+        pytest.fail(f"the dev Slurm cluster could not start: {exc}", pytrace=False)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def srun(c: SlurmCluster, *argv: str, timeout_s: float = 60) -> str:
+    done = subprocess.run(["srun", *argv], env=c.client_env(), capture_output=True, text=True,
+                          timeout=timeout_s)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_steps_run_on_every_node_in_its_own_namespace(cluster: SlurmCluster) -> None:
+    info = cluster.info()
+    assert info is not None
+    out = srun(cluster, "-N3", "bash", "-c",
+               "echo $SLURMD_NODENAME $(ip -o -4 addr show eth0 | awk '{print $4}') "
+               f"> {info.shared_dir}/$SLURMD_NODENAME; cat {info.shared_dir}/$SLURMD_NODENAME")
+    seen = dict(line.split() for line in out.splitlines())
+    assert seen == {n.name: f"{n.address}/24" for n in info.nodes}
+    # The shared directory (the job's reliable storage) is the same for every node.
+    assert sorted(p.name for p in Path(info.shared_dir).iterdir()) == SPEC.names
+    assert [n.name for n in info.nodes if n.spare] == ["tgn3"]
+
+
+def test_start_again_keeps_the_running_cluster(cluster: SlurmCluster) -> None:
+    before = cluster.info()
+    assert before is not None
+    again = cluster.start(SPEC)
+    assert again.ctld_pid == before.ctld_pid
+
+
+def test_a_lost_node_is_marked_down_by_slurm(cluster: SlurmCluster) -> None:
+    # A node lost as nodes go: its link down and its slurmd gone.
+    subprocess.run(["ip", "link", "set", "tgsv2", "down"], check=True)
+    pids = subprocess.run(["ip", "netns", "pids", NETNS_PREFIX + "tgn2"], capture_output=True,
+                          text=True, check=True).stdout.split()
+    for pid in pids:
+        os.kill(int(pid), signal.SIGKILL)
+    states = cluster.wait_nodes(["tgn2"], {"down"}, timeout_s=60)
+    assert states["tgn1"].startswith("idle") and states["tgn3"].startswith("idle")
+    # Back: link up, slurmd started again -> the node returns to service by itself.
+    subprocess.run(["ip", "link", "set", "tgsv2", "up"], check=True)
+    cluster.start_node("tgn2")
+    cluster.wait_nodes(["tgn2"], {"idle"}, timeout_s=60)
+
+
+def test_start_after_a_crash_sweeps_and_restarts(cluster: SlurmCluster) -> None:
+    info = cluster.info()
+    assert info is not None
+    os.kill(info.ctld_pid, signal.SIGKILL)  # the controller crashes...
+    for n in info.nodes:                      # ...and every slurmd with it
+        for pid in subprocess.run(["ip", "netns", "pids", n.netns], capture_output=True,
+                                  text=True).stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+    assert cluster.running() is None
+    again: ClusterInfo = cluster.start(SPEC, timeout_s=60)
+    assert again.ctld_pid != info.ctld_pid
+    assert "tgn1" in srun(cluster, "-N1", "-w", "tgn1", "printenv", "SLURMD_NODENAME")
+
+
+def test_stop_leaves_nothing(tmp_path: Path, cluster: SlurmCluster) -> None:
+    # Runs last in the module: the fixture's teardown then finds nothing to stop.
+    assert cluster.stop() is True
+    assert not [ns for ns in _netns_list() if ns.startswith(NETNS_PREFIX)]
+    assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0
+    for daemon in ("slurmctld", "slurmd", "munged"):
+        pids = subprocess.run(["pgrep", "-x", daemon], capture_output=True,
+                              text=True).stdout.split()
+        assert not [p for p in pids if _alive(int(p))], daemon  # zombies awaiting reap are gone
+    assert cluster.stop() is False
