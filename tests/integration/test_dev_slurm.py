@@ -23,6 +23,7 @@ from trainguard.dev.slurm import (
     SlurmCluster,
     _alive,
     _netns_list,
+    torchrun_argv,
 )
 
 pytestmark = pytest.mark.integration
@@ -62,6 +63,34 @@ def test_steps_run_on_every_node_in_its_own_namespace(cluster: SlurmCluster) -> 
     # The shared directory (the job's reliable storage) is the same for every node.
     assert sorted(p.name for p in Path(info.shared_dir).iterdir()) == SPEC.names
     assert [n.name for n in info.nodes if n.spare] == ["tgn3"]
+
+
+TRAIN = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(t)
+print(os.environ["SLURMD_NODENAME"], os.environ["GROUP_RANK"], dist.get_rank(),
+      dist.get_world_size(), int(t.item()), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_torchrun_job_spans_the_nodes(cluster: SlurmCluster) -> None:
+    """One torchrun agent per node under srun, c10d rendezvous at the head's store, gloo over
+    the namespaces' network: 3 nodes x 2 ranks all-reduce their ranks."""
+    info = cluster.info()
+    assert info is not None
+    script = Path(info.shared_dir) / "allreduce.py"
+    script.write_text(TRAIN)
+    argv = torchrun_argv(info, nnodes=3, nproc_per_node=2, run_id="t1", script=[str(script)])
+    out = srun(cluster, "-N3", "-w", "tgn1,tgn2,tgn3", *argv, timeout_s=120)
+    rows = [line.split() for line in out.splitlines() if line.startswith("tgn")]
+    assert sorted(int(r[2]) for r in rows) == list(range(6))
+    assert {r[4] for r in rows} == {"15"}  # 0+1+...+5 on every rank
+    # Each node's agent is one group rank; its two ranks run on that node.
+    by_node = {(r[0], r[1]) for r in rows}
+    assert len(by_node) == 3 and {n for n, _ in by_node} == {"tgn1", "tgn2", "tgn3"}
 
 
 def test_start_again_keeps_the_running_cluster(cluster: SlurmCluster) -> None:

@@ -38,10 +38,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -56,6 +58,7 @@ HEAD_ADDR = f"{SUBNET}.1"
 CLUSTER_NAME = "tgdev"
 SLURMCTLD_PORT = 6817
 SLURMD_PORT = 6818
+RDZV_PORT = 29400
 MUNGE_DIR = Path("/run/trainguard-munge")  # munged runs as `munge`: it must reach this path
 TOOLS = ("slurmctld", "slurmd", "scontrol", "sinfo", "srun", "squeue", "scancel", "munged",
          "ip")
@@ -112,6 +115,7 @@ class ClusterInfo:
     ctld_pid: int
     munge_socket: str
     started_at: float
+    rdzv_endpoint: str = f"{HEAD_ADDR}:{RDZV_PORT}"
 
     def env(self) -> dict[str, str]:
         """Variables a Slurm client on the head needs."""
@@ -126,7 +130,8 @@ class ClusterInfo:
                            head_address=str(doc["head_address"]), nodes=nodes,
                            ctld_pid=int(str(doc["ctld_pid"])),
                            munge_socket=str(doc["munge_socket"]),
-                           started_at=float(str(doc["started_at"])))
+                           started_at=float(str(doc["started_at"])),
+                           rdzv_endpoint=str(doc["rdzv_endpoint"]))
 
 
 # ---- pure: the files -------------------------------------------------------------------------
@@ -307,6 +312,7 @@ class SlurmCluster:
         ctld = self._start_ctld()
         for name in spec.names:
             self._start_slurmd(name)
+        self._start_rdzv_store()
         info = ClusterInfo(conf=str(self.conf), shared_dir=str(self.shared_dir),
                            head_address=HEAD_ADDR,
                            nodes=tuple(Node(n, spec.address(n), NETNS_PREFIX + n,
@@ -372,6 +378,20 @@ class SlurmCluster:
                                  f"{_tail(self.root / 'slurmctld.log')}")
             time.sleep(0.2)
 
+    def _start_rdzv_store(self) -> None:
+        log = (self.root / "rdzv_store.log").open("w")
+        proc = subprocess.Popen([sys.executable, "-m", "trainguard.dev.rdzv_store", "--host",
+                                 HEAD_ADDR, "--port", str(RDZV_PORT)], stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        (self.root / "rdzv_store.pid").write_text(str(proc.pid))
+        deadline = time.monotonic() + 30
+        while not _listening(HEAD_ADDR, RDZV_PORT):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SlurmError(f"the rendezvous store did not start: "
+                                 f"{_tail(self.root / 'rdzv_store.log')}")
+            time.sleep(0.1)
+
     def _start_slurmd(self, name: str) -> None:
         _run(["ip", "netns", "exec", NETNS_PREFIX + name, "slurmd", "-f", str(self.conf),
               "-N", name])
@@ -406,7 +426,8 @@ class SlurmCluster:
             for pid_s in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
                 _kill(int(pid_s), grace_s=2.0)
             _run(["ip", "netns", "del", ns], check=False)
-        for pid_file in (self.root / "slurmctld.pid", MUNGE_DIR / "munged.pid"):
+        for pid_file in (self.root / "slurmctld.pid", self.root / "rdzv_store.pid",
+                         MUNGE_DIR / "munged.pid"):
             pid = _read_pid(pid_file)
             if pid and _alive(pid):
                 found = True
@@ -419,6 +440,26 @@ class SlurmCluster:
         with contextlib.suppress(OSError):
             self.info_file.unlink()
         return found
+
+
+def torchrun_argv(info: ClusterInfo, *, nnodes: int, nproc_per_node: int, run_id: str,
+                  script: Sequence[str], python: str = sys.executable) -> list[str]:
+    """The command ``srun`` starts once per node: a torchrun agent in that node's namespace,
+    c10d rendezvous at the head's store, its own address given (``--local-addr``: inside a
+    namespace this machine's hostname resolves to localhost, which the other nodes cannot
+    reach), gloo on the node's interface."""
+    inner = (f"GLOO_SOCKET_IFNAME=eth0 exec {shlex.quote(python)} -m torch.distributed.run "
+             f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-backend c10d "
+             f"--rdzv-endpoint {info.rdzv_endpoint} --rdzv-id {shlex.quote(run_id)} "
+             "--local-addr $(ip -o -4 addr show eth0 | awk '{print $4}' | cut -d/ -f1) "
+             + " ".join(shlex.quote(a) for a in script))
+    return ["bash", "-c", inner]
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
 
 
 def _netns_list() -> list[str]:
