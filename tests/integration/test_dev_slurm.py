@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,6 +128,39 @@ def test_start_after_a_crash_sweeps_and_restarts(cluster: SlurmCluster) -> None:
     again: ClusterInfo = cluster.start(SPEC, timeout_s=60)
     assert again.ctld_pid != info.ctld_pid
     assert "tgn1" in srun(cluster, "-N1", "-w", "tgn1", "printenv", "SLURMD_NODENAME")
+
+
+def test_the_backend_cli_drains_cancels_and_confirms(cluster: SlurmCluster) -> None:
+    """What the Slurm backend does to fence a node's step, on the real cluster: drain with the
+    incident as reason, cancel the step, confirm it gone; the pool from Slurm's own view."""
+    from trainguard.actuators.slurm_cli import SlurmCli
+    from trainguard.actuators.slurm_view import NodeHealth, pool
+
+    if cluster.running() is None:  # an earlier test stopped or crashed it
+        cluster.start(SPEC, timeout_s=60)
+    cli = SlurmCli(cluster.client_env())
+    done = subprocess.run(["sbatch", "--parsable", "-N2", "-w", "tgn1,tgn2", "-o", "/dev/null",
+                           "--wrap", "srun sleep 300"], env=cluster.client_env(),
+                          capture_output=True, text=True, check=True)
+    job_id = int(done.stdout.strip().split(";")[0])
+    step = f"{job_id}.0"
+    deadline = time.monotonic() + 30
+    while not any(s.step_id == step and s.state == "RUNNING" for s in cli.steps()):
+        assert time.monotonic() < deadline, cli.steps()
+        time.sleep(0.2)
+    job = cli.job(job_id)
+    assert job is not None and job.nodes == ("tgn1", "tgn2")
+    assert [n.name for n in pool(cli.nodes(), job).spares] == ["tgn3"]
+    cli.drain("tgn2", "trainguard incident inc-7 (node_lost)")
+    cli.cancel_step(step)
+    assert cli.confirm_gone(step, timeout_s=30)
+    nodes = {n.name: n for n in cli.nodes()}
+    assert nodes["tgn2"].health is NodeHealth.DRAINING
+    assert nodes["tgn2"].reason == "trainguard incident inc-7 (node_lost)"
+    assert pool(cli.nodes(), job).lost == ("tgn2",)
+    cli.resume("tgn2")
+    subprocess.run(["scancel", str(job_id)], env=cluster.client_env(), check=True)
+    assert cluster.wait_nodes(["tgn2"], {"idle"}, timeout_s=30)
 
 
 def test_stop_leaves_nothing(tmp_path: Path, cluster: SlurmCluster) -> None:
