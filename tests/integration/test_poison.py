@@ -1,0 +1,170 @@
+"""No poison pill, and duplicates folded once, for every consumer on the real broker.
+
+Each test puts every kind of poison (a null value, a tombstone with a key, bytes that are not
+UTF-8, cut-off JSON, a valid event with a bad field; ``poison.py``) between valid records on
+the consumer's own topics, and asserts: every valid record was processed (the consumer's
+outcome, as without the poison), every poison record is in the dead-letter topic once with its
+reason (read-only tools skip them), the service is still running, and a restart neither crashes
+nor dead-letters the same records again. The dedupe tests write every valid record twice (same
+bytes, two offsets) and assert the same outcome as once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import arun, read_events
+from tests.integration.poison import assert_dead_lettered, dead_letters, publish, spread
+from tests.integration.test_incident_service import run_service, transitions
+from trainguard.actuators.decider import Decider, DeciderOptions
+from trainguard.actuators.policy import PolicyConfig
+from trainguard.bus.config import KafkaConfig
+from trainguard.events.clock import now_us
+from trainguard.events.codec import decode, encode, make_event
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.ids import derived_id
+from trainguard.events.payloads import (
+    Command,
+    CommandAction,
+    PoolUnit,
+    Severity,
+    UnitState,
+    Verdict,
+    VerdictState,
+)
+from trainguard.events.topics import TopicRole
+from trainguard.incidents import IncidentSettings, rebuild
+from trainguard.incidents.query import canonical
+from trainguard.incidents.source import write_log
+from trainguard.incidents.synth import incident_log
+
+pytestmark = pytest.mark.integration
+
+LOG = incident_log()
+SETTINGS = IncidentSettings()
+
+
+def cli(kafka: KafkaConfig, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "trainguard.cli.main", *args, "--bootstrap",
+                           kafka.bootstrap, "--prefix", kafka.topic_prefix],
+                          capture_output=True, timeout=timeout_s, check=False)
+
+
+# --- read-only tools: events tail, incident list, replay, replay export -------------------
+
+def test_tail_list_replay_and_export_read_past_poison_as_if_it_were_not_there(
+        kafka: KafkaConfig, tmp_path: Path) -> None:
+    sent = arun(publish(kafka, LOG, poison_at=spread(LOG)))
+    assert len(sent) == 15
+    clean = tmp_path / "clean.jsonl"
+    with clean.open("wb") as fh:
+        write_log(LOG, fh)
+
+    for attempt in range(2):  # a second run (a restart) reads the same poison again
+        tail = cli(kafka, "events", "tail")
+        assert tail.returncode == 0, tail.stderr.decode()[-2000:]
+        ids = sorted(line.split(b'"event_id":"', 1)[1].split(b'"', 1)[0]
+                     for line in tail.stdout.splitlines())
+        assert ids == sorted(e.event_id.encode() for e in LOG)
+        letters = arun(dead_letters(kafka, want=15 * (attempt + 1), consumer="tail"))
+        assert_dead_lettered(letters, sent, times=attempt + 1)  # read-only: no commit
+
+    for args in (("incident", "list"), ("replay",)):
+        poisoned = cli(kafka, *args)
+        offline = subprocess.run([sys.executable, "-m", "trainguard.cli.main", *args,
+                                  "--log", str(clean)], capture_output=True, timeout=60,
+                                 check=False)
+        assert poisoned.returncode == offline.returncode == 0, poisoned.stderr.decode()[-2000:]
+        assert poisoned.stdout == offline.stdout and b"incident" in poisoned.stdout
+        assert b"Traceback" not in poisoned.stderr
+    export = cli(kafka, "replay", "export")
+    assert export.returncode == 0, export.stderr.decode()[-2000:]
+    def bare(lines: list[bytes]) -> list[bytes]:  # the export carries the broker's stamp
+        return [encode(decode(x).model_copy(update={"ingest_time": None})) for x in lines]
+
+    assert bare(export.stdout.splitlines()) == bare(clean.read_bytes().splitlines())
+
+
+# --- incident serve -------------------------------------------------------------------------
+
+def test_incident_service_dead_letters_poison_once_and_publishes_every_transition(
+        kafka: KafkaConfig) -> None:
+    expected = rebuild(LOG, SETTINGS)
+    sent = arun(publish(kafka, LOG, poison_at=spread(LOG)))
+    first = arun(run_service(kafka, until=len(expected)))
+    assert first.published == len(expected)
+    got = arun(transitions(kafka))
+    assert sorted(canonical(t) for t in got) == sorted(canonical(t) for t in expected)
+    letters = arun(dead_letters(kafka, want=len(sent), consumer="incidents"))
+    assert_dead_lettered(letters, sent)
+
+    again = arun(run_service(kafka, until=len(expected), restart=True))
+    assert again.published == 0 and again.already_published == len(expected)
+    # committed past: the restarted service did not read (nor dead-letter) them again
+    assert len(arun(dead_letters(kafka, want=len(sent) + 1, consumer="incidents",
+                                 limit_s=3))) == len(sent)
+
+
+def test_incident_service_folds_duplicated_records_once(kafka: KafkaConfig) -> None:
+    expected = rebuild(LOG, SETTINGS)
+    arun(publish(kafka, LOG, twice=True))
+    stats = arun(run_service(kafka, until=len(expected)))
+    got = arun(transitions(kafka))
+    assert stats.published == len(expected) and stats.conflicts == 0
+    assert sorted(canonical(t) for t in got) == sorted(canonical(t) for t in expected)
+
+
+# --- decide ---------------------------------------------------------------------------------
+
+KEY = b"poison-test-command-key-00000001"
+
+
+def _pool_and_straggler(job: str, t: int) -> list[Event]:
+    out = [make_event(PoolUnit(unit=f"u{r}", state=UnitState.BOUND, node="n1", rank=r,
+                               pid=100 + r, epoch=1),
+                      event_id=derived_id("u", job, r), job_id=job, event_time=t - 10 + r,
+                      source="test", subject=Subject(unit=f"u{r}"))
+           for r in range(4)]
+    vid = derived_id("v", job, "straggler")
+    out.append(make_event(Verdict(verdict_id=vid, rule="straggler", kind="straggler",
+                                  state=VerdictState.OPEN, severity=Severity.WARNING,
+                                  first_anomalous_time=t, decided_time=t, evidence={}),
+                          event_id=derived_id("e", vid), job_id=job, event_time=t,
+                          source="test", subject=Subject(rank=2, node="n1")))
+    return out
+
+
+async def _decide_for(kafka: KafkaConfig, seconds: float) -> Decider:
+    decider = Decider(kafka, DeciderOptions(key=KEY, policy=PolicyConfig(), tick_s=0.1))
+    stop = asyncio.Event()
+    task = asyncio.create_task(decider.run(stop))
+    await asyncio.sleep(seconds)
+    assert not task.done(), "decide stopped"  # alive: it carried on past the poison
+    stop.set()
+    await task
+    return decider
+
+
+def _commands(kafka: KafkaConfig) -> list[Command]:
+    return [e.payload for e in read_events(kafka, [TopicRole.COMMANDS])
+            if isinstance(e.payload, Command)]
+
+
+@pytest.mark.parametrize("twice", [False, True], ids=["poison", "duplicates"])
+def test_decide_reads_past_poison_and_folds_duplicates_once(kafka: KafkaConfig,
+                                                            twice: bool) -> None:
+    events = _pool_and_straggler("job-decide", now_us())
+    sent = arun(publish(kafka, events, poison_at=() if twice else (0, 4), twice=twice))
+    arun(_decide_for(kafka, 6.0))
+    commands = _commands(kafka)
+    assert [(c.action, c.tier, c.params.get("rank")) for c in commands] == [
+        (CommandAction.RAISE_QUOTA, 1, 2)]
+    letters = arun(dead_letters(kafka, want=len(sent), consumer="decide", limit_s=5))
+    assert_dead_lettered(letters, sent)
+    arun(_decide_for(kafka, 4.0))  # a restart reads it all again: no crash, nothing new
+    assert len(_commands(kafka)) == 1
