@@ -49,7 +49,8 @@ LOG = incident_log()
 SETTINGS = IncidentSettings()
 
 
-def cli(kafka: KafkaConfig, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
+def cli(kafka: KafkaConfig, *args: str,
+        timeout_s: float = 60) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "trainguard.cli.main", *args, "--bootstrap",
                            kafka.bootstrap, "--prefix", kafka.topic_prefix],
                           capture_output=True, timeout=timeout_s, check=False)
