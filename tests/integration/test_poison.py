@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,90 @@ def test_decide_reads_past_poison_and_folds_duplicates_once(kafka: KafkaConfig,
     assert_dead_lettered(letters, sent)
     arun(_decide_for(kafka, 4.0))  # a restart reads it all again: no crash, nothing new
     assert len(_commands(kafka)) == 1
+
+
+# --- alerts run -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("twice", [False, True], ids=["poison", "duplicates"])
+def test_alerts_send_one_notice_per_incident_past_poison_and_duplicates(
+        kafka: KafkaConfig, tmp_path: Path, twice: bool) -> None:
+    from tests.integration.test_alerts_chat import TITLE, opening, title_of
+    from trainguard.alerts.config import load
+    from trainguard.alerts.service import AlertsService, ServiceOptions
+    from trainguard.dev.webhook_receiver import Route, WebhookReceiver
+
+    incs = [f"poison-{i}" for i in range(3)]
+    events = [ev for inc in incs for ev in opening("job-alerts", inc)]
+
+    async def run_for(service: AlertsService, done: Callable[[], bool], limit_s: float) -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while loop.time() < deadline and not done():
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.5)  # anything extra would arrive now
+        assert not task.done(), "the alerts service stopped"
+        stop.set()
+        await asyncio.wait_for(task, 20)
+
+    with WebhookReceiver([Route("hook", "/hook/")]) as rx:
+        path = tmp_path / "alerts.yaml"
+        path.write_text("coalesce: {hold_s: 0.3}\nchannels:\n"
+                        f"  - {{name: hook, type: webhook, url: '{rx.url('/hook/x')}'}}\n")
+        config = load(path)
+
+        def service() -> AlertsService:
+            return AlertsService(config, kafka, ServiceOptions(
+                group_id=f"{kafka.topic_prefix}-alerts", from_offset="earliest"))
+
+        def titles() -> list[str]:
+            return sorted(m.group(1) + " " + m.group(3) for r in rx.records("hook")
+                          if (m := TITLE.match(title_of(r))) is not None)
+
+        sent = arun(publish(kafka, events, poison_at=() if twice else spread(events),
+                            twice=twice))
+        arun(run_for(service(), lambda: len(rx.records("hook")) >= len(incs), 30), 60)
+        assert titles() == sorted(f"FAULT INC-{inc}" for inc in incs)
+        letters = arun(dead_letters(kafka, want=len(sent), consumer="trainguard-alerts",
+                                    limit_s=5))
+        assert_dead_lettered(letters, sent)
+        arun(run_for(service(), lambda: False, 3), 60)  # a restart: nothing again
+        assert len(rx.records("hook")) == len(incs)
+    assert len(arun(dead_letters(kafka, want=len(sent) + 1, consumer="trainguard-alerts",
+                                 limit_s=3))) == len(sent)
+
+
+# --- metrics serve ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("twice", [False, True], ids=["poison", "duplicates"])
+def test_metrics_count_every_valid_event_once_and_the_poison_as_invalid(
+        kafka: KafkaConfig, twice: bool) -> None:
+    from trainguard.metrics.recorder import Recorder
+    from trainguard.metrics.registry import PipelineMetrics
+    from trainguard.metrics.service import MetricsService
+
+    events = LOG[:150]
+    sent = arun(publish(kafka, events, poison_at=() if twice else spread(events), twice=twice))
+    recorder = Recorder(PipelineMetrics())
+    reg = recorder.metrics.registry
+
+    def total(name: str) -> float:
+        return sum(s.value for m in reg.collect() for s in m.samples if s.name == name)
+
+    async def scenario() -> None:
+        service = MetricsService(kafka, recorder, group_id=f"{kafka.topic_prefix}-metrics",
+                                 from_offset="earliest")
+        task = asyncio.create_task(service.run())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while loop.time() < deadline and total("trainguard_events_total") < len(events):
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.5)  # anything extra would be counted now
+        assert not task.done(), "the metrics service stopped"
+        service.stopping.set()
+        await asyncio.wait_for(task, 20)
+
+    arun(scenario(), 60)
+    assert total("trainguard_events_total") == len(events)
+    assert total("trainguard_invalid_records_total") == len(sent)
