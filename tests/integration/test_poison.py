@@ -12,8 +12,10 @@ bytes, two offsets) and assert the same outcome as once.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -257,3 +259,47 @@ def test_metrics_count_every_valid_event_once_and_the_poison_as_invalid(
     arun(scenario(), 60)
     assert total("trainguard_events_total") == len(events)
     assert total("trainguard_invalid_records_total") == len(sent)
+
+
+# --- streams (the faust worker) -------------------------------------------------------------
+
+def test_streams_worker_evaluates_past_poison_and_duplicates_and_restarts(
+        kafka: KafkaConfig, tmp_path: Path) -> None:
+    from tests.integration.test_streams_worker import _expected, _scenario, _verdicts, _worker
+
+    events = _scenario()
+    expected = _expected(events)  # as if every record came once and nothing else came
+    want = sum(len(v) for v in expected.values())
+    sent = arun(publish(kafka, events, poison_at=spread(events), twice=True), 120)
+
+    def stop(worker: subprocess.Popen[bytes]) -> None:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+    worker = _worker(kafka, tmp_path / "w1")
+    try:
+        got = arun(_verdicts(kafka, want, limit_s=120), timeout_s=150)
+        assert worker.poll() is None, "the worker exited"
+    finally:
+        stop(worker)
+    live: dict[str, list[bytes]] = {}
+    for v in got:
+        live.setdefault(v.job_id, []).append(encode(v))
+    assert live == expected  # every valid record evaluated once, in order
+    letters = arun(dead_letters(kafka, want=len(sent), consumer="streams.evaluate"))
+    assert_dead_lettered(letters, sent)
+
+    # a restart: the committed poison is not read again; new poison is dead-lettered too
+    worker = _worker(kafka, tmp_path / "w2")
+    try:
+        more = arun(publish(kafka, events[-1:], poison_at=(0,)))
+        letters = arun(dead_letters(kafka, want=len(sent) + len(more),
+                                    consumer="streams.evaluate", limit_s=90), 120)
+        time.sleep(1.0)
+        assert worker.poll() is None, "the restarted worker exited"
+    finally:
+        stop(worker)
+    assert_dead_lettered(letters, [*sent, *more])
