@@ -303,3 +303,86 @@ def test_streams_worker_evaluates_past_poison_and_duplicates_and_restarts(
     finally:
         stop(worker)
     assert_dead_lettered(letters, [*sent, *more])
+
+
+# --- actuator -------------------------------------------------------------------------------
+
+def test_actuator_dead_letters_poison_and_a_command_that_crashes_it_and_carries_on(
+        kafka: KafkaConfig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.integration.test_actuator_commands import KEY as ACT_KEY
+    from tests.integration.test_actuator_commands import command, outcomes_until
+    from tests.integration.test_fencing import job_spec
+    from trainguard.actuators.fencing import stop_process
+    from trainguard.actuators.local import LocalBackend
+    from trainguard.actuators.service import Actuator, ActuatorOptions
+    from trainguard.events.payloads import CommandOutcome, OutcomeStatus, StepReport
+
+    spec = job_spec(tmp_path, world=1, ignore_term=False)
+    job = spec.job_id
+    original = Actuator.handle
+
+    async def handle(self: Actuator, ex: object, event: Event) -> None:
+        assert isinstance(event.payload, Command)
+        if event.payload.idempotency_key == "k-boom":  # as a non-ASCII signature did
+            raise TypeError("comparing strings with non-ASCII characters is not supported")
+        await original(self, ex, event)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Actuator, "handle", handle)
+
+    def actuator() -> Actuator:
+        return Actuator(kafka, ActuatorOptions(job=spec, key=ACT_KEY, launch=True,
+                                               state_dir=tmp_path / "state", max_age_s=60),
+                        LocalBackend(tmp_path / "logs", use_cgroups=False))
+
+    def good_done(got: list[Event]) -> bool:
+        return any(isinstance(e.payload, CommandOutcome) and e.payload.idempotency_key ==
+                   "k-good" and e.payload.status is OutcomeStatus.DONE for e in got)
+
+    report = make_event(StepReport(rank=0, world_size=1, step=1, samples_consumed=1,
+                                   compute_ms=1.0, binding_epoch=1),
+                        event_id=derived_id("step", job), job_id=job, event_time=now_us(),
+                        source="test", subject=Subject(rank=0, node="test-node"))
+    first = actuator()
+
+    async def scenario() -> tuple[list[Event], list[Event]]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(first.run(stop))
+        while first.executor is None or not first.executor.pool.bound(job):
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(2.0)  # the commands consumer joins its group
+        cmds = [command(job, k, CommandAction.RESUME, 0, signed_with=ACT_KEY)
+                for k in ("k-boom", "k-good")]
+        sent = await publish(kafka, [*cmds, report], poison_at=(0, 2))
+        got = await outcomes_until(kafka, 0, done=good_done)
+        assert not task.done(), "the actuator stopped"
+        stop.set()
+        await task
+        again = actuator()  # a restart: nothing committed is read again, nothing crashes
+        stop = asyncio.Event()
+        task = asyncio.create_task(again.run(stop))
+        await asyncio.sleep(5.0)
+        assert not task.done(), "the restarted actuator stopped"
+        stop.set()
+        await task
+        return got, sent
+
+    try:
+        got, sent = arun(scenario(), timeout_s=90)
+    finally:
+        if first.executor is not None:
+            for rep in first.executor.replicas().values():
+                stop_process(rep.pid, rep.create_time, 0.1)
+    outcomes = [(e.payload.idempotency_key, e.payload.status) for e in got
+                if isinstance(e.payload, CommandOutcome)]
+    assert outcomes == [("k-good", OutcomeStatus.ACCEPTED), ("k-good", OutcomeStatus.DONE)]
+    task_topic = f"{kafka.topic_prefix}.task"
+    letters = arun(dead_letters(kafka, want=len(sent) + 1, limit_s=10))
+    boom = [d for d in letters if d.field == "<handler>"]
+    assert len(boom) == 1 and boom[0].consumer == "actuator"
+    assert "TypeError: comparing strings" in boom[0].reason
+    assert b"k-boom" in boom[0].original_value()
+    assert_dead_lettered([d for d in letters if d.consumer == "actuator" and d not in boom],
+                         [p for p in sent if p.topic != task_topic])
+    assert_dead_lettered([d for d in letters if d.consumer == "actuator-epochs"],
+                         [p for p in sent if p.topic == task_topic])
+    assert len(letters) == len(sent) + 1  # the restart dead-lettered nothing again
