@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import arun, read_events
-from tests.integration.poison import assert_dead_lettered, dead_letters, publish, spread
+from tests.integration.poison import Poison, assert_dead_lettered, dead_letters, publish, spread
 from tests.integration.test_incident_service import run_service, transitions
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.policy import PolicyConfig
@@ -344,7 +344,7 @@ def test_actuator_dead_letters_poison_and_a_command_that_crashes_it_and_carries_
                         source="test", subject=Subject(rank=0, node="test-node"))
     first = actuator()
 
-    async def scenario() -> tuple[list[Event], list[Event]]:
+    async def scenario() -> tuple[list[Event], list[Poison]]:
         stop = asyncio.Event()
         task = asyncio.create_task(first.run(stop))
         while first.executor is None or not first.executor.pool.bound(job):
