@@ -158,9 +158,10 @@ class EventConsumer:
         """Dead-letter a delivered record whose handling raised ``exc`` (it is poison for
         this consumer): the letter names the exception; the caller commits past it as usual
         and carries on."""
-        log.error("%s: handling %s %s (%s:%s@%s) raised; dead-lettered", self.name,
+        log.error("%s: handling %s %s (%s:%s@%s) raised %s: %s; dead-lettered", self.name,
                   item.event.type, item.event.event_id, item.topic, item.partition,
-                  item.offset, exc_info=exc)
+                  item.offset, type(exc).__name__, exc)
+        log.debug("%s: the traceback", self.name, exc_info=exc)
         return await self._dead_letter(refusal(exc), item.topic, item.partition, item.offset,
                                        item.key, item.value)
 

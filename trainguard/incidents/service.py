@@ -100,9 +100,10 @@ async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
         for ev in order(history.events):
             try:
                 out += live.feed(ev)
-            except Exception:  # the live consumer below dead-letters it when it reads it
-                log.exception("incidents: folding %s %s raised; left out", ev.type,
-                              ev.event_id)
+            except Exception as exc:  # the live consumer below dead-letters it
+                log.error("incidents: folding %s %s raised %s: %s; left out", ev.type,
+                          ev.event_id, type(exc).__name__, exc)
+                log.debug("incidents: the traceback", exc_info=exc)
         out += live.catch_up()
         stats.consumed += len(history.events)
         await publisher.publish(out)

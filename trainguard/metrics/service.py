@@ -101,9 +101,10 @@ class MetricsService:
             return
         try:
             fresh = self.recorder.observe(event, role.value)
-        except Exception:  # a record the recorder cannot count must not stop the metrics
-            log.exception("metrics: counting %s %s raised; counted invalid", event.type,
-                          event.event_id)
+        except Exception as exc:  # a record the recorder cannot count must not stop it
+            log.error("metrics: counting %s %s raised %s: %s; counted invalid", event.type,
+                      event.event_id, type(exc).__name__, exc)
+            log.debug("metrics: the traceback", exc_info=exc)
             self.recorder.invalid(role.value)
             return
         if fresh:

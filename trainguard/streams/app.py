@@ -144,8 +144,9 @@ def build_app(
                         seen = touched[job] = (pair[0], pair[1], pair[0].buffered_ids())
                     verdicts_out = [(job.encode(), encode(v)) for v in seen[0].feed(event)]
                 except Exception as exc:  # this record is poison: see above
-                    log.exception("streams: evaluating %s %s raised; dead-lettered",
-                                  event.type, event.event_id)
+                    log.error("streams: evaluating %s %s raised %s: %s; dead-lettered",
+                              event.type, event.event_id, type(exc).__name__, exc)
+                    log.debug("streams: the traceback", exc_info=exc)
                     await refuse(refusal(exc), ev.message, "streams.evaluate")
                     continue
                 raw[event.event_id] = ev.value
