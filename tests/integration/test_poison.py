@@ -27,6 +27,7 @@ from tests.integration.test_incident_service import run_service, transitions
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.policy import PolicyConfig
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode, make_event
 from trainguard.events.envelope import Event, Subject
@@ -386,3 +387,48 @@ def test_actuator_dead_letters_poison_and_a_command_that_crashes_it_and_carries_
     assert_dead_lettered([d for d in letters if d.consumer == "actuator-epochs"],
                          [p for p in sent if p.topic == task_topic])
     assert len(letters) == len(sent) + 1  # the restart dead-lettered nothing again
+
+
+# --- a late copy of an old pool event (same bytes, a later offset) --------------------------
+
+@pytest.mark.parametrize("reader", ["actuator", "decide"])
+def test_a_late_copy_of_an_old_pool_event_does_not_undo_the_newer_one(
+        kafka: KafkaConfig, tmp_path: Path, reader: str) -> None:
+    from tests.integration.test_fencing import job_spec
+    from trainguard.actuators.local import LocalBackend
+    from trainguard.actuators.pool import PoolState
+    from trainguard.actuators.service import Actuator, ActuatorOptions
+
+    spec = job_spec(tmp_path, world=1)
+    job = spec.job_id
+    t = now_us()
+
+    def unit(state: UnitState, at: int) -> Event:
+        bound = state is UnitState.BOUND
+        return make_event(PoolUnit(unit="u0", state=state, node="test-node",
+                                   rank=0 if bound else None, pid=4242 if bound else None,
+                                   epoch=1 if bound else None),
+                          event_id=derived_id("pool", job, state.value), job_id=job,
+                          event_time=at, source="trainguard-actuator",
+                          subject=Subject(unit="u0"))
+
+    bound, fenced = unit(UnitState.BOUND, t), unit(UnitState.FENCED, t + 1)
+
+    async def scenario() -> PoolState:
+        await publish(kafka, [bound])
+        await publish(kafka, [fenced])
+        await publish(kafka, [bound])  # the producer's retry of the first, after the second
+        if reader == "decide":
+            return (await _decide_for(kafka, 3.0)).state.pool
+        actuator = Actuator(kafka, ActuatorOptions(job=spec, key=KEY, state_dir=tmp_path / "s"),
+                            LocalBackend(tmp_path / "logs", use_cgroups=False))
+        actuator.producer = EventProducer(kafka)
+        await actuator.producer.start()
+        try:
+            return (await actuator._rebuild()).pool
+        finally:
+            await actuator.producer.stop()
+
+    pool = arun(scenario())
+    assert pool.units["u0"].state is UnitState.FENCED
+    assert pool.bound(job) == {}

@@ -164,8 +164,10 @@ class Actuator:
     async def _serve(self, ex: Executor, stop: asyncio.Event) -> None:
         job = self.opts.job.job_id
         group = self.opts.group_id or f"{self.cfg.topic_prefix}-actuator-{job}"
+        # Commands are not deduplicated here: the ledger refuses a command seen again
+        # ("replayed"), and that refusal is on the log for whoever replayed a signed command.
         commands = EventConsumer(self.cfg, [TopicRole.COMMANDS], group_id=group,
-                                 name="actuator", dlq=self.producer, dedupe=True)
+                                 name="actuator", dlq=self.producer)
         task = EventConsumer(self.cfg, [TopicRole.TASK], group_id=None, name="actuator-epochs",
                              dlq=self.producer, from_offset="latest")
         await commands.start()
