@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,16 +162,32 @@ def _commands(kafka: KafkaConfig) -> list[Command]:
 
 
 @pytest.mark.parametrize("twice", [False, True], ids=["poison", "duplicates"])
-def test_decide_reads_past_poison_and_folds_duplicates_once(kafka: KafkaConfig,
-                                                            twice: bool) -> None:
-    events = _pool_and_straggler("job-decide", now_us())
-    sent = arun(publish(kafka, events, poison_at=() if twice else (0, 4), twice=twice))
+def test_decide_reads_past_poison_and_folds_duplicates_once(
+        kafka: KafkaConfig, monkeypatch: pytest.MonkeyPatch, twice: bool) -> None:
+    original = Decider.feed
+
+    def feed(self: Decider, event: Event, now: int) -> list[Any]:
+        if event.job_id == "job-boom":  # a record the policy cannot fold
+            raise KeyError("u9")
+        return original(self, event, now)
+
+    monkeypatch.setattr(Decider, "feed", feed)
+    t = now_us()
+    events = _pool_and_straggler("job-decide", t)
+    boom = _pool_and_straggler("job-boom", t)[-1:]
+    sent = arun(publish(kafka, events if twice else [*boom, *events],
+                        poison_at=() if twice else (1, 5), twice=twice))
     arun(_decide_for(kafka, 6.0))
     commands = _commands(kafka)
     assert [(c.action, c.tier, c.params.get("rank")) for c in commands] == [
         (CommandAction.RAISE_QUOTA, 1, 2)]
-    letters = arun(dead_letters(kafka, want=len(sent), consumer="decide", limit_s=5))
-    assert_dead_lettered(letters, sent)
+    letters = arun(dead_letters(kafka, want=len(sent) + (not twice), consumer="decide",
+                                limit_s=5))
+    raised = [d for d in letters if d.field == "<handler>"]
+    assert_dead_lettered([d for d in letters if d not in raised], sent)
+    if not twice:
+        assert len(raised) == 1 and "handling it raised KeyError: 'u9'" in raised[0].reason
+        assert b"job-boom" in raised[0].original_value()
     arun(_decide_for(kafka, 4.0))  # a restart reads it all again: no crash, nothing new
     assert len(_commands(kafka)) == 1
 
