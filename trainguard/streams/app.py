@@ -142,6 +142,9 @@ def build_app(
                             store = JobStore(table, job)
                             pair = live[job] = (engines(job, store.load()), store)
                         seen = touched[job] = (pair[0], pair[1], pair[0].buffered_ids())
+                    # before feeding: an event buffered before its evaluation raised is
+                    # saved with the others
+                    raw[event.event_id] = ev.value
                     verdicts_out = [(job.encode(), encode(v)) for v in seen[0].feed(event)]
                 except Exception as exc:  # this record is poison: see above
                     log.error("streams: evaluating %s %s raised %s: %s; dead-lettered",
@@ -149,7 +152,6 @@ def build_app(
                     log.debug("streams: the traceback", exc_info=exc)
                     await refuse(refusal(exc), ev.message, "streams.evaluate")
                     continue
-                raw[event.event_id] = ev.value
                 out.extend(verdicts_out)
             for engine, store, before in touched.values():
                 store.save(engine, before, raw)
