@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orjson
@@ -123,3 +124,66 @@ def test_subject_requirements_are_enforced() -> None:
 def test_measurements_refuse_nan() -> None:
     with pytest.raises(ValueError, match="compute_ms"):
         p.StepReport(rank=0, world_size=1, step=1, samples_consumed=1, compute_ms=float("nan"))
+
+
+# --- no poison pill: decode refuses anything that is not an event with ContractError only ----
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=12)
+_SAMPLES = [encode(e) for e in sample_events()]
+
+
+def _only_contract_errors(raw: bytes | None) -> None:
+    try:
+        event = decode(raw)
+    except ContractError as err:
+        assert err.errors and str(err)  # a reason a dead letter can carry
+    else:
+        assert decode(encode(event)) == event  # what is accepted is a whole event
+
+
+def test_a_tombstone_is_refused_by_name() -> None:
+    with pytest.raises(ContractError, match=r"<record>: null value \(a tombstone\)") as info:
+        decode(None)
+    assert info.value.first.field == "<record>"
+    for raw in (b"", b"null", b"\x00", b"\xc3\x28", b'"text"', b"42", b"{}"):
+        with pytest.raises(ContractError):
+            decode(raw)
+
+
+@given(doc=_JSON)
+@settings(max_examples=300, deadline=None)
+def test_any_json_value_only_ever_raises_contract_errors(doc: object) -> None:
+    _only_contract_errors(json.dumps(doc).encode())  # big ints too
+
+
+@given(raw=st.sampled_from(_SAMPLES), data=st.data())
+@settings(max_examples=400, deadline=None)
+def test_a_valid_event_with_flipped_or_cut_bytes_only_ever_raises_contract_errors(
+        raw: bytes, data: st.DataObject) -> None:
+    buf = bytearray(raw)
+    for _ in range(data.draw(st.integers(1, 4))):
+        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(buf)))
+    _only_contract_errors(bytes(buf[:cut] if data.draw(st.booleans()) else buf))
+
+
+@given(raw=st.sampled_from(_SAMPLES), data=st.data())
+@settings(max_examples=400, deadline=None)
+def test_a_valid_event_with_any_field_replaced_only_ever_raises_contract_errors(
+        raw: bytes, data: st.DataObject) -> None:
+    doc = orjson.loads(raw)
+    target = doc
+    while True:  # walk down to a random field and replace it by any JSON value
+        key = data.draw(st.sampled_from(sorted(target)))
+        child = target[key]
+        if isinstance(child, dict) and child and data.draw(st.booleans()):
+            target = child
+            continue
+        target[key] = data.draw(_JSON)
+        break
+    _only_contract_errors(json.dumps(doc).encode())  # big ints too

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from trainguard.actuators import metrics, policy, signing
 from trainguard.actuators.policy import Decision, PolicyConfig, PolicyState
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.consumer import Delivered, EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
@@ -54,6 +54,15 @@ class Decider:
         self.state, out = policy.step(self.state, event, now, self.opts.policy)
         return out
 
+    async def _guarded(self, consumer: EventConsumer, item: Delivered) -> list[Decision]:
+        """``feed`` one record; one whose folding raises is poison: dead-lettered with the
+        reason, the state as before it (``policy.step`` is pure), and decide carries on."""
+        try:
+            return self.feed(item.event, now_us())
+        except Exception as exc:
+            await consumer.refuse(item, exc)
+            return []
+
     async def publish(self, decisions: list[Decision], cause_times: dict[str, int]) -> None:
         for d in decisions:
             cmd: Command = signing.sign(self.opts.key, d.job_id, d.subject, d.command)
@@ -76,8 +85,9 @@ class Decider:
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = EventProducer(self.cfg)
         await self.producer.start()
+        # dedupe: a record written twice (a producer's retry) is folded once
         consumer = EventConsumer(self.cfg, ROLES, group_id=None, name="decide",
-                                 dlq=self.producer, from_offset="earliest")
+                                 dlq=self.producer, from_offset="earliest", dedupe=True)
         await consumer.start()
         seen: dict[str, int] = {}
         try:
@@ -87,7 +97,7 @@ class Decider:
                 if isinstance(d.event.payload, Command):
                     on_topic.add(d.event.payload.idempotency_key)
                 if self._wanted(d.event):
-                    backlog.extend(self.feed(d.event, now_us()))
+                    backlog.extend(await self._guarded(consumer, d))
             fresh = [d for d in backlog if d.command.idempotency_key not in on_topic]
             await self.publish(fresh, seen)
             log.warning("decide: caught up (%d open verdicts, %d pending commands)",
@@ -100,7 +110,7 @@ class Decider:
                         continue
                     if isinstance(ev.payload, Verdict):
                         seen[ev.payload.verdict_id] = ev.ingest_time or ev.event_time
-                    out.extend(self.feed(ev, now_us()))
+                    out.extend(await self._guarded(consumer, d))
                 self.state, more = policy.tick(self.state, now_us(), self.opts.policy)
                 await self.publish(out + more, seen)
         finally:

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
+
+from aiokafka.errors import KafkaError
 
 from trainguard.actuators import metrics, signing, zygote
 from trainguard.actuators.backend import Backend
@@ -24,7 +27,7 @@ from trainguard.actuators.jobspec import JobSpec
 from trainguard.actuators.ledger import Ledger
 from trainguard.actuators.pool import rebuild
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.consumer import Delivered, EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
@@ -95,7 +98,7 @@ class Actuator:
     async def _rebuild(self) -> Executor:
         job = self.opts.job.job_id
         reader = EventConsumer(self.cfg, [TopicRole.OUTCOMES], group_id=None,
-                               name="actuator-rebuild", dlq=self.producer)
+                               name="actuator-rebuild", dlq=self.producer, dedupe=True)
         await reader.start()
         try:
             history = [d.event for d in await reader.drain(idle_ms=500, limit_s=300)]
@@ -161,6 +164,8 @@ class Actuator:
     async def _serve(self, ex: Executor, stop: asyncio.Event) -> None:
         job = self.opts.job.job_id
         group = self.opts.group_id or f"{self.cfg.topic_prefix}-actuator-{job}"
+        # Commands are not deduplicated here: the ledger refuses a command seen again
+        # ("replayed"), and that refusal is on the log for whoever replayed a signed command.
         commands = EventConsumer(self.cfg, [TopicRole.COMMANDS], group_id=group,
                                  name="actuator", dlq=self.producer)
         task = EventConsumer(self.cfg, [TopicRole.TASK], group_id=None, name="actuator-epochs",
@@ -171,13 +176,34 @@ class Actuator:
             while not stop.is_set():
                 for d in await commands.poll(timeout_ms=200):
                     if d.event.job_id == job and isinstance(d.event.payload, Command):
-                        await self.handle(ex, d.event)
+                        await self._guarded(commands, d, self.handle(ex, d.event))
+                    await commands.commit()
+                if commands.uncommitted:  # a batch of refused records only: past them too
                     await commands.commit()
                 for d in await task.poll(timeout_ms=50):
-                    ex.check_report(d.event)
+                    await self._guarded(task, d, self._check_report(ex, d.event))
         finally:
             await commands.stop()
             await task.stop()
+
+    @staticmethod
+    async def _check_report(ex: Executor, event: Event) -> None:
+        ex.check_report(event)
+
+    async def _guarded(self, consumer: EventConsumer, item: Delivered,
+                       handling: Awaitable[None]) -> None:
+        """Handle one record; if that raises, the record is poison: dead-lettered with the
+        reason and logged, and the caller commits past it (a command that crashed the
+        actuator would crash it again after every restart). Only a failure of the actuator's
+        own publishing (the broker) stops it: that is no fault of the record."""
+        try:
+            await handling
+        except KafkaError:
+            raise
+        except Exception as exc:
+            if self._pub is None or self._pub.done():
+                raise  # the publisher is gone: nothing more can be reported; restart
+            await consumer.refuse(item, exc)
 
     async def _outcome(self, event: Event, cmd: Command, status: OutcomeStatus, detail: str,
                        started: int | None = None, data: FlatMap | None = None) -> None:

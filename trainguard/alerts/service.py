@@ -93,10 +93,13 @@ class AlertsService:
             batch = await consumer.poll(timeout_ms=self.options.poll_ms)
             now = self.clock()
             for delivered in batch:
-                t = transition_from_event(delivered.event)
-                if t is not None:
-                    self.coalescer.offer(t, now)
-                    self.metrics.transitions.inc()
+                try:
+                    t = transition_from_event(delivered.event)
+                    if t is not None:
+                        self.coalescer.offer(t, now)
+                        self.metrics.transitions.inc()
+                except Exception as exc:  # poison for the alerts: dead-lettered, carry on
+                    await consumer.refuse(delivered, exc)
             if now >= next_flush:
                 self._dispatch(self.coalescer.due(now))
                 next_flush = now + self.config.coalesce.flush_s

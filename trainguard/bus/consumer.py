@@ -2,7 +2,23 @@
 
 A record that is not a valid event never reaches the caller and never stops the consumer: it is
 written to the dead-letter topic with its reason, and only once that write is acknowledged is
-its offset committed past. Valid records before and after it are delivered as usual.
+its offset committed past. Valid records before and after it are delivered as usual. A null
+value (a tombstone), empty or non-UTF-8 bytes, non-JSON, a JSON value that is not an event, an
+unknown type, a bad field: all are refused by ``codec.decode`` with ``ContractError`` and
+nothing else. A delivered record whose handling raises is the caller's to refuse
+(``refuse``): dead-lettered with the exception as the reason, committed past like the others.
+So restarting a consumer never replays a crash.
+
+A consumer without a dead-letter producer (``dlq=None``: read-only tools, which must not write
+a letter again at each run) skips such records, counts them (``stats.dead_lettered``) and logs
+the first reason.
+
+Duplicates (``dedupe``, for consumers that fold state): a record whose event id was delivered
+already is skipped and counted (``stats.duplicates``). A producer that retries after a broker
+failure writes the same bytes at two offsets, close together; the memory is bounded: the ids
+of the last ``dedupe`` delivered events (``DEDUPE_IDS`` by default, about 100 bytes each), so a
+copy more than that many records after its original is delivered again. Consumers that must
+never act twice have their own guard on top (the actuator's ledger, decide's idempotency keys).
 """
 
 from __future__ import annotations
@@ -15,7 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.dlq import DeadLetter, dead_letter
+from trainguard.bus.dlq import DeadLetter, dead_letter, refusal
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode
@@ -24,6 +40,7 @@ from trainguard.events.errors import ContractError
 from trainguard.events.topics import TopicNames, TopicRole
 
 log = logging.getLogger(__name__)
+DEDUPE_IDS = 200_000  # event ids remembered by a deduplicating consumer (about 20 MB)
 
 
 @dataclass(frozen=True)
@@ -32,12 +49,37 @@ class Delivered:
     topic: str
     partition: int
     offset: int
+    key: bytes | None = None
+    value: bytes = b""  # the record as read: what a dead letter keeps if handling it fails
 
 
 @dataclass
 class ConsumerStats:
     delivered: int = 0
     dead_lettered: int = 0
+    duplicates: int = 0
+
+
+class SeenIds:
+    """The last ``capacity`` event ids, oldest forgotten first (insertion order)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"dedupe capacity: must be >= 1 (got {capacity})")
+        self.capacity = capacity
+        self._ids: dict[str, None] = {}
+
+    def add(self, event_id: str) -> bool:
+        """Remember ``event_id``; False if it was remembered already."""
+        if event_id in self._ids:
+            return False
+        self._ids[event_id] = None
+        if len(self._ids) > self.capacity:
+            del self._ids[next(iter(self._ids))]
+        return True
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 class EventConsumer:
@@ -58,6 +100,7 @@ class EventConsumer:
         dlq: EventProducer | None,
         names: TopicNames | None = None,
         from_offset: str = "earliest",
+        dedupe: int | bool = False,
         **settings: Any,
     ) -> None:
         self.names = names or TopicNames(config.topic_prefix)
@@ -66,6 +109,8 @@ class EventConsumer:
         self.stats = ConsumerStats()
         self._dlq = dlq
         self._dlq_topic = self.names.name(TopicRole.DLQ)
+        self._seen = SeenIds(DEDUPE_IDS if dedupe is True else int(dedupe)) if dedupe else None
+        self.uncommitted = False  # records read (delivered or refused) since the last commit
         self._consumer = AIOKafkaConsumer(
             *self.topics,
             **config.client_kwargs(),
@@ -97,37 +142,63 @@ class EventConsumer:
     async def _accept(self, tp: TopicPartition, records: Iterable[Any]) -> list[Delivered]:
         good: list[Delivered] = []
         for rec in records:
+            self.uncommitted = True
+            value = rec.value
             try:
-                event = decode(rec.value)
+                event = decode(value)
             except ContractError as err:
-                await self._dead_letter(err, rec)
+                await self._dead_letter(err, rec.topic, rec.partition, rec.offset, rec.key,
+                                        value)
                 continue
-            good.append(Delivered(event, rec.topic, rec.partition, rec.offset))
+            if self._seen is not None and not self._seen.add(event.event_id):
+                self.stats.duplicates += 1
+                continue
+            good.append(Delivered(event, rec.topic, rec.partition, rec.offset, rec.key,
+                                  bytes(value)))
         self.stats.delivered += len(good)
         return good
 
-    async def _dead_letter(self, err: ContractError, rec: Any) -> DeadLetter:
+    async def refuse(self, item: Delivered, exc: BaseException) -> DeadLetter:
+        """Dead-letter a delivered record whose handling raised ``exc`` (it is poison for
+        this consumer): the letter names the exception; the caller commits past it as usual
+        and carries on."""
+        log.error("%s: handling %s %s (%s:%s@%s) raised %s: %s; dead-lettered", self.name,
+                  item.event.type, item.event.event_id, item.topic, item.partition,
+                  item.offset, type(exc).__name__, exc)
+        log.debug("%s: the traceback", self.name, exc_info=exc)
+        return await self._dead_letter(refusal(exc), item.topic, item.partition, item.offset,
+                                       item.key, item.value)
+
+    async def _dead_letter(self, err: ContractError, topic: str, partition: int, offset: int,
+                           key: bytes | None, value: bytes | None) -> DeadLetter:
         letter = dead_letter(
             err,
-            topic=rec.topic,
-            partition=rec.partition,
-            offset=rec.offset,
-            key=rec.key,
-            value=rec.value if rec.value is not None else b"",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            key=key,
+            value=bytes(value) if value is not None else b"",
             rejected_at=now_us(),
             consumer=self.name,
         )
-        if self._dlq is None:
-            raise RuntimeError("a record was refused and this consumer has no dead-letter producer")
-        await self._dlq.send_raw(self._dlq_topic, letter.encode(), key=rec.key)
         self.stats.dead_lettered += 1
-        if self.stats.dead_lettered == 1 or self.stats.dead_lettered % 1000 == 0:
-            log.warning("%s: dead-lettered %s:%s@%s: %s (total %d)", self.name, rec.topic,
-                        rec.partition, rec.offset, letter.reason, self.stats.dead_lettered)
+        first = self.stats.dead_lettered == 1 or self.stats.dead_lettered % 1000 == 0
+        if self._dlq is None:  # a read-only consumer: skipped and counted, not written again
+            if first:
+                log.warning("%s: skipped %s:%s@%s: %s (total %d)", self.name, topic,
+                            partition, offset, letter.reason, self.stats.dead_lettered)
+            return letter
+        await self._dlq.send_raw(self._dlq_topic, letter.encode(), key=key)
+        if first:
+            log.warning("%s: dead-lettered %s:%s@%s: %s (total %d)", self.name, topic,
+                        partition, offset, letter.reason, self.stats.dead_lettered)
         return letter
 
     async def commit(self) -> None:
+        """Commit every record read so far, refused ones included (call it once what was
+        delivered has been handled)."""
         await self._consumer.commit()
+        self.uncommitted = False
 
     async def end_offsets(self) -> dict[TopicPartition, int]:
         parts = list(self._consumer.assignment())

@@ -77,7 +77,25 @@ def type_of_payload(model: type[Payload]) -> EventType:
     raise KeyError(f"{model.__name__} is not a registered payload")
 
 
-def decode(raw: bytes) -> Event:
+def decode(raw: bytes | bytearray | memoryview | None) -> Event:
+    """The event in ``raw``, or ``ContractError``, whatever the bytes (or a null value: a
+    tombstone). Nothing else escapes: a record is never a poison pill for its consumer."""
+    if raw is None:
+        raise ContractError([FieldError("<record>", None,
+                                        "null value (a tombstone), not an event")])
+    if not isinstance(raw, bytes | bytearray | memoryview):
+        raise ContractError([FieldError("<record>", type(raw).__name__,
+                                        "a record value is bytes")])
+    try:
+        return _decode(bytes(raw))
+    except ContractError:
+        raise
+    except Exception as exc:  # any other failure is this record's fault too
+        raise ContractError([FieldError("<record>", bytes(raw[:64]),
+                                        f"undecodable: {type(exc).__name__}: {exc}")]) from None
+
+
+def _decode(raw: bytes) -> Event:
     try:
         event = _ANY_EVENT.validate_json(raw)
     except ValueError:

@@ -107,10 +107,18 @@ def render_markdown(names: TopicNames | None = None) -> str:
             "(not an envelope: it may not be one) — see `trainguard/bus/dlq.py`:", "",
             "| field | meaning |", "|---|---|",
             "| `reason` | every field error, `field: reason (got value)`, joined by `; ` |",
-            "| `field` | the first bad field's dotted path (`payload.compute_ms`) |",
+            "| `field` | the first bad field's dotted path (`payload.compute_ms`); `<record>` "
+            "when the record is no event at all (a null value or tombstone, bytes that are not "
+            "JSON, a JSON value that is not an object); `<handler>` when the record decoded "
+            "but handling it raised (the reason names the exception) |",
             "| `value` | repr of the first bad value (truncated to 200 chars) |",
             "| `source_topic`, `source_partition`, `source_offset` | where the record was read |",
             "| `key_b64`, `value_b64` | the original key and value bytes, base64 |",
             "| `rejected_at` | microseconds since the epoch when it was refused |",
-            "| `consumer` | the service that refused it |", ""]
+            "| `consumer` | the service that refused it |", "",
+            "The consumer commits past a dead-lettered record and carries on: no record stops "
+            "a consumer, and a restart does not read it again (consumers without a group, "
+            "which re-read the log at each start, write its letter again). Read-only tools "
+            "(`incident list`/`show`, `replay`, `metrics serve`) skip and count such records "
+            "instead.", ""]
     return "\n".join(out)

@@ -98,7 +98,12 @@ async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
         out: list[Event] = []
         # topic by topic is not an arrival order within any lateness: time order is
         for ev in order(history.events):
-            out += live.feed(ev)
+            try:
+                out += live.feed(ev)
+            except Exception as exc:  # the live consumer below dead-letters it
+                log.error("incidents: folding %s %s raised %s: %s; left out", ev.type,
+                          ev.event_id, type(exc).__name__, exc)
+                log.debug("incidents: the traceback", exc_info=exc)
         out += live.catch_up()
         stats.consumed += len(history.events)
         await publisher.publish(out)
@@ -110,16 +115,21 @@ async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
         while not stop.is_set():
             batch = await consumer.poll(timeout_ms=500)
             out = []
+            by_id = {item.event.event_id: item for item in batch}
             for ev in order(item.event for item in batch):  # a batch spans partitions
-                out += live.feed(ev)
+                try:
+                    out += live.feed(ev)
+                except Exception as exc:  # poison for the fold: dead-lettered, carry on
+                    await consumer.refuse(by_id[ev.event_id], exc)
             out += live.catch_up()  # records that came behind the watermark, in their place
             if batch:
                 last_input = loop.time()
             elif live.buffered and loop.time() - last_input >= idle_flush_s:
                 out += live.flush()
             await publisher.publish(out)
-            if batch:
+            if consumer.uncommitted:  # refused records too: a restart does not read them
                 await consumer.commit()
+            if batch:
                 stats.consumed += len(batch)
                 stats.batches += 1
     finally:

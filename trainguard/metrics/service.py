@@ -86,21 +86,28 @@ class MetricsService:
                 next_sweep = now + self.sweep_every_s
 
     def _apply(self, role: TopicRole, rec: Any) -> None:
-        raw: bytes = rec.value or b""
+        raw: bytes | None = rec.value  # None: a tombstone, refused by decode like bad bytes
         if role is TopicRole.DLQ:
             try:
                 letter = DeadLetter.decode(raw)
+                self.recorder.dead_letter(letter, self.names)
             except (ValueError, TypeError):
                 self.recorder.invalid(role.value)
-                return
-            self.recorder.dead_letter(letter, self.names)
             return
         try:
             event = decode(raw)
         except ContractError:
             self.recorder.invalid(role.value)
             return
-        if self.recorder.observe(event, role.value):
+        try:
+            fresh = self.recorder.observe(event, role.value)
+        except Exception as exc:  # a record the recorder cannot count must not stop it
+            log.error("metrics: counting %s %s raised %s: %s; counted invalid", event.type,
+                      event.event_id, type(exc).__name__, exc)
+            log.debug("metrics: the traceback", exc_info=exc)
+            self.recorder.invalid(role.value)
+            return
+        if fresh:
             for sink in self.sinks:
                 try:
                     sink(event)

@@ -28,7 +28,7 @@ import faust
 from aiokafka.partitioner import murmur2
 
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.dlq import dead_letter
+from trainguard.bus.dlq import dead_letter, refusal
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode
 from trainguard.events.errors import ContractError
@@ -125,21 +125,34 @@ def build_app(
             raw: dict[str, bytes] = {}
             out: list[tuple[bytes, bytes]] = []
             for ev in batch:
+                # No record stops the agent (a crashed agent leaves the worker up doing
+                # nothing, and the record is read again after a restart): one that is not an
+                # event, or whose evaluation raises, is dead-lettered with the reason.
                 try:
                     event = decode(ev.value)
                 except ContractError as err:
                     await refuse(err, ev.message, "streams.evaluate")
                     continue
-                job = event.job_id
-                seen = touched.get(job)
-                if seen is None:
-                    pair = live.get(job)
-                    if pair is None:
-                        store = JobStore(table, job)
-                        pair = live[job] = (engines(job, store.load()), store)
-                    seen = touched[job] = (pair[0], pair[1], pair[0].buffered_ids())
-                raw[event.event_id] = ev.value
-                out.extend((job.encode(), encode(v)) for v in seen[0].feed(event))
+                try:
+                    job = event.job_id
+                    seen = touched.get(job)
+                    if seen is None:
+                        pair = live.get(job)
+                        if pair is None:
+                            store = JobStore(table, job)
+                            pair = live[job] = (engines(job, store.load()), store)
+                        seen = touched[job] = (pair[0], pair[1], pair[0].buffered_ids())
+                    # before feeding: an event buffered before its evaluation raised is
+                    # saved with the others
+                    raw[event.event_id] = ev.value
+                    verdicts_out = [(job.encode(), encode(v)) for v in seen[0].feed(event)]
+                except Exception as exc:  # this record is poison: see above
+                    log.error("streams: evaluating %s %s raised %s: %s; dead-lettered",
+                              event.type, event.event_id, type(exc).__name__, exc)
+                    log.debug("streams: the traceback", exc_info=exc)
+                    await refuse(refusal(exc), ev.message, "streams.evaluate")
+                    continue
+                out.extend(verdicts_out)
             for engine, store, before in touched.values():
                 store.save(engine, before, raw)
             for key, value in out:
