@@ -67,7 +67,7 @@ class Decider:
                     metrics.PHASE.labels("decide").observe(
                         max(0.0, (cmd.issued_at - cause_times[vid]) / 1e6))
             log.warning("decided %s tier %d for %s: %s", cmd.action.value, cmd.tier, d.job_id,
-                        cmd.params.get("reason"))
+                        cmd.params.reason)
 
     def _prod(self) -> EventProducer:
         assert self.producer is not None, "run() starts the producer"
