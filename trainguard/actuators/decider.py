@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 
 from trainguard.actuators import metrics, policy, signing
 from trainguard.actuators.policy import Decision, PolicyConfig, PolicyState
-from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
-from trainguard.bus.producer import EventProducer
+from trainguard.bus.protocol import Bus, EventSink
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event
@@ -40,11 +38,11 @@ class DeciderOptions:
 
 
 class Decider:
-    def __init__(self, cfg: KafkaConfig, opts: DeciderOptions) -> None:
-        self.cfg = cfg
+    def __init__(self, bus: Bus, opts: DeciderOptions) -> None:
+        self.bus = bus  # Kafka (``KafkaBus``), or the in-memory twin in unit tests
         self.opts = opts
         self.state = PolicyState()
-        self.producer: EventProducer | None = None  # made inside the running loop
+        self.producer: EventSink | None = None  # made inside the running loop
 
     def _wanted(self, event: Event) -> bool:
         return event.type in INPUT_TYPES and (self.opts.jobs is None
@@ -69,15 +67,15 @@ class Decider:
             log.warning("decided %s tier %d for %s: %s", cmd.action.value, cmd.tier, d.job_id,
                         cmd.params.reason)
 
-    def _prod(self) -> EventProducer:
+    def _prod(self) -> EventSink:
         assert self.producer is not None, "run() starts the producer"
         return self.producer
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.producer = EventProducer(self.cfg)
+        self.producer = self.bus.producer()
         await self.producer.start()
-        consumer = EventConsumer(self.cfg, ROLES, group_id=None, name="decide",
-                                 dlq=self.producer, from_offset="earliest")
+        consumer = self.bus.consumer(ROLES, group_id=None, name="decide", dlq=self.producer,
+                                     from_offset="earliest")
         await consumer.start()
         seen: dict[str, int] = {}
         try:

@@ -18,10 +18,12 @@ from trainguard.events.payloads import (
     IncidentState,
     IncidentTransition,
     Injection,
+    MigrateParams,
     OutcomeStatus,
     Payload,
     PoolUnit,
     ProcessExit,
+    RestartData,
     StepReport,
     UnitState,
     Verdict,
@@ -130,7 +132,8 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
                                                {p: 0 for p in old_pid.values()})
     log.add(Command(command_id="c1", idempotency_key="k1", action=CommandAction.MIGRATE,
                     tier=2, issued_at=t + 4000, issued_by="decide",
-                    params={"rank": k.victim}), t + 4000, Subject(rank=k.victim))
+                    params=MigrateParams(rank=k.victim, ranks=[k.victim])), t + 4000,
+            Subject(rank=k.victim))
     t_fence = t + 10_000
     t_bind = t + 20_000 if not k.bind_before_fence else t + 5_000
     for r in range(k.world):
@@ -144,7 +147,9 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
         cpus = 2 if (k.cpus_changed and r == k.victim) else 1
         _unit(log, t_bind + r, name, UnitState.BOUND, r, 2, new_pid[r], cpus=cpus)
     log.add(CommandOutcome(command_id="c1", idempotency_key="k1", action=CommandAction.MIGRATE,
-                           status=OutcomeStatus.DONE, data={"fence_ms": 12.0}), t + 30_000)
+                           status=OutcomeStatus.DONE,
+                           data=RestartData(action=CommandAction.MIGRATE, fence_ms=12.0)),
+            t + 30_000)
     t += 2_000_000
     valid = [s for s in written]
     if k.corrupt_newest and written:

@@ -305,6 +305,8 @@ class CommandAction(StrEnum):
 
 
 Reason = Annotated[str, Field(max_length=4096)]
+# a rank in params and data: a JSON integer, never a bool, a float or a numeric string
+Rank = Annotated[int, Field(ge=0, strict=True)]
 Ms = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 UnitName = Annotated[str, Field(min_length=1, max_length=256)]
 
@@ -321,7 +323,7 @@ def _action_key(action: CommandAction) -> Any:
 class CommandParams(Payload):
     """What the parameters of every action carry."""
 
-    rank: Count | None = None  # the rank the command is about (migrate: the first it moves)
+    rank: Rank | None = None  # the rank the command is about (migrate: the first it moves)
     reason: Reason = ""
 
 
@@ -333,7 +335,7 @@ class RaiseQuotaParams(CommandParams):
 
 class MigrateParams(CommandParams):
     action: Literal[CommandAction.MIGRATE] = _action_key(CommandAction.MIGRATE)
-    ranks: Annotated[list[Count], Field(min_length=1)]  # every rank moved to a spare
+    ranks: Annotated[list[Rank], Field(min_length=1)]  # every rank moved to a spare
     resume: bool = True
     from_unit: UnitName | None = None  # ``rank``'s unit when decided
     from_units: list[UnitName | None] = Field(default_factory=list)  # per rank of ``ranks``
@@ -451,11 +453,11 @@ class RestartData(OutcomeData):
     total_ms: Ms | None = None
     released: list[str] = Field(default_factory=list)
     # migrate: the first rank moved, and every one
-    rank: Count | None = None
+    rank: Rank | None = None
     from_unit: UnitName | None = None
     to_unit: UnitName | None = None
     choice: str | None = None  # why that spare
-    ranks: list[Count] = Field(default_factory=list)
+    ranks: list[Rank] = Field(default_factory=list)
     from_units: list[UnitName] = Field(default_factory=list)
     to_units: list[UnitName] = Field(default_factory=list)
     avoided_domains: list[Name] = Field(default_factory=list)
@@ -469,7 +471,7 @@ class FenceData(OutcomeData):
 
 class CheckpointNowData(OutcomeData):
     action: Literal[CommandAction.CHECKPOINT_NOW] = _action_key(CommandAction.CHECKPOINT_NOW)
-    rank: Count | None = None  # the rank asked to save
+    rank: Rank | None = None  # the rank asked to save
     pid: Annotated[int, Field(gt=0)] | None = None
 
 

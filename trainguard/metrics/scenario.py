@@ -63,7 +63,7 @@ def episode(job_id: str, t0: int, tag: str = "a", *, leave_open: bool = False,
         (2, p.CommandAction.MIGRATE, [p.OutcomeStatus.ACCEPTED, p.OutcomeStatus.FAILED]),
         (3, p.CommandAction.RESUME, [p.OutcomeStatus.ACCEPTED, p.OutcomeStatus.DONE])],
         at=9, recover_at=11)
-    _incident(log, t0, "xid", 0, "critical", {"xid": 79}, tiers=[
+    _incident(log, t0, "xid_drain", 0, "critical", {"xid": 79}, tiers=[
         (3, p.CommandAction.RESUME, [p.OutcomeStatus.ACCEPTED, p.OutcomeStatus.FAILED]),
         (0, p.CommandAction.ESCALATE, [p.OutcomeStatus.DONE])],
         at=7, recover_at=10, end=p.IncidentState.ESCALATED)
@@ -105,8 +105,11 @@ def _incident(log: _Log, t0: int, kind: str, rank: int, severity: str,
         if action is not p.CommandAction.ESCALATE:
             move(p.IncidentState.MITIGATING, when, tier=tier, reason=action.value)
         cid = derived_id("command", iid, tier)
+        params = {"rank": rank, "ranks": [rank]} if action is p.CommandAction.MIGRATE else {
+            "rank": rank}
         log.add(p.Command(command_id=cid, idempotency_key=cid, action=action, tier=tier,
-                          issued_at=when, issued_by="decider", cause_verdict_ids=[verdict_id]),
+                          issued_at=when, issued_by="decider", cause_verdict_ids=[verdict_id],
+                          params=params),
                 when, subject, "decider")
         for status in statuses:
             when += 250_000
