@@ -426,8 +426,8 @@ def _next_tier(s: PolicyState, lad: Ladder, now_us: int, cfg: PolicyConfig,
         del s.ladders[name]
         return
     if lad.tier == 1:
-        key = _migrate_or_escalate(s, lad.job, lad.rank, lad.verdict_id, "straggler", 2,
-                                   now_us, cfg, out)
+        key = _migrate_or_escalate(s, lad.job, lad.rank, lad.verdict_id,
+                                   VerdictKind.STRAGGLER, 2, now_us, cfg, out)
     elif lad.tier == 2:
         key = _issue(s, lad.job, 3, lad.verdict_id,
                      ResumeParams(rank=lad.rank, reason=VerdictKind.STRAGGLER), now_us, cfg, out)

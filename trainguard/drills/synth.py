@@ -27,6 +27,7 @@ from trainguard.events.payloads import (
     StepReport,
     UnitState,
     Verdict,
+    VerdictKind,
     VerdictState,
 )
 
@@ -119,7 +120,7 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
             Subject(rank=k.victim))
     log.add(ProcessExit(pid=old_pid[k.victim], rank=k.victim, binding_epoch=1, signal=9),
             t + 1000, Subject(node="n", rank=k.victim))
-    log.add(Verdict(verdict_id="v1", rule="process-exit", kind="process_exit",
+    log.add(Verdict(verdict_id="v1", rule="process-exit", kind=VerdictKind.PROCESS_EXIT,
                     state=VerdictState.OPEN, severity="critical", first_anomalous_time=t,
                     decided_time=t + 2000), t + 2000, Subject(rank=k.victim))
     log.add(IncidentTransition(incident_id="i1", seq=0, to_state=IncidentState.DETECTED),
