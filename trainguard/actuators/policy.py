@@ -65,6 +65,7 @@ from trainguard.events.payloads import (
     CommandAction,
     CommandOutcome,
     EscalateParams,
+    ExitEvidence,
     MigrateParams,
     OutcomeStatus,
     PoolUnit,
@@ -272,9 +273,9 @@ def _on_verdict(s: PolicyState, event: Event, v: Verdict, now_us: int, cfg: Poli
         for name in [n for n, lad in s.ladders.items() if lad.verdict_id == v.verdict_id]:
             del s.ladders[name]  # back among its peers: the ladder stops here
         return
+    ex = ExitEvidence.of(v.evidence)
     ov = OpenVerdict(v.verdict_id, job, v.kind, event.subject.rank, event.subject.node,
-                     event.subject.gpu, v.first_anomalous_time, _int(v.evidence.get("pid")),
-                     _int(v.evidence.get("exit_code")), _int(v.evidence.get("signal")))
+                     event.subject.gpu, v.first_anomalous_time, ex.pid, ex.exit_code, ex.signal)
     if v.verdict_id in s.open:
         return
     s.open[v.verdict_id] = ov
@@ -320,11 +321,6 @@ ON_OPEN: Mapping[VerdictClass, Callable[[PolicyState, OpenVerdict, int, PolicyCo
     VerdictClass.FAILURE: _hold_failure,
     VerdictClass.INFO: _record_only,
 }
-
-
-def _int(value: object) -> int | None:
-    """An integer of the evidence (a flat map of the rule's own), else None."""
-    return value if type(value) is int else None
 
 
 def _stale(s: PolicyState, ov: OpenVerdict) -> bool:

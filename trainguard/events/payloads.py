@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -281,6 +281,30 @@ VERDICT_CLASSES: Mapping[VerdictKind, VerdictClass] = {
 
 def kinds_of(verdict_class: VerdictClass) -> frozenset[VerdictKind]:
     return frozenset(k for k in VerdictKind if k.verdict_class is verdict_class)
+
+
+class ExitEvidence(BaseModel):
+    """The part of a verdict's evidence the policy reads: the replica (``pid``) the verdict is
+    about and how it ended. The ``process_exit`` rule writes it (``as_evidence``), the policy
+    reads it back (``of``); on the wire it stays fields of the flat ``Verdict.evidence``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    pid: Annotated[int, Field(gt=0)] | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+
+    def as_evidence(self) -> FlatMap:
+        return {"pid": self.pid, "exit_code": self.exit_code, "signal": self.signal}
+
+    @classmethod
+    def of(cls, evidence: FlatMap) -> ExitEvidence:
+        """What a verdict's evidence says of its replica; nothing when these fields are not
+        what this model says (strict: a bool or a string is never read as a pid)."""
+        try:
+            return cls.model_validate(evidence)
+        except ValidationError:
+            return cls()
 
 
 class Verdict(Payload):

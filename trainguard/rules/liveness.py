@@ -21,6 +21,7 @@ from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import (
     CheckpointAction,
     CheckpointEvent,
+    ExitEvidence,
     Heartbeat,
     ProcessExit,
     StepReport,
@@ -147,6 +148,7 @@ class ProcessExitRule(RuleBase):
         return key, {"kind": VerdictKind.PROCESS_EXIT, "subject": Subject(node=event.subject.node,
                                                                 rank=ex.rank),
                      "severity": None, "first_time": t, "decided_time": t,
-                     "evidence": {"pid": ex.pid, "exit_code": ex.exit_code, "signal": ex.signal,
+                     "evidence": {**ExitEvidence(pid=ex.pid, exit_code=ex.exit_code,
+                                                 signal=ex.signal).as_evidence(),
                                   "detected_by": ex.detected_by,
                                   "binding_epoch": ex.binding_epoch}}
