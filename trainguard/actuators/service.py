@@ -193,7 +193,7 @@ class Actuator:
                                  action=cmd.action, status=status, started_at=started,
                                  finished_at=now_us() if status is not OutcomeStatus.ACCEPTED
                                  else None, detail=detail[:4000],
-                                 data=data or no_data(cmd.action))
+                                 data=data if data is not None else no_data(cmd.action))
         ev = make_event(payload, event_id=derived_id("outcome", cmd.idempotency_key,
                                                      status.value, cmd.command_id),
                         job_id=event.job_id, event_time=now_us(), source=SOURCE,
