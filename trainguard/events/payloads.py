@@ -269,14 +269,33 @@ class VerdictKind(StrEnum):
         return VERDICT_CLASSES[self]
 
 
-_FAILURES = frozenset({VerdictKind.PROCESS_EXIT, VerdictKind.RANK_SILENT, VerdictKind.XID_DRAIN,
-                       VerdictKind.LINK_DOWN})
-_LADDERS = frozenset({VerdictKind.STRAGGLER})
+_K, _C = VerdictKind, VerdictClass
+# Every kind's class, said once and explicitly: a kind added without one fails at import.
 VERDICT_CLASSES: Mapping[VerdictKind, VerdictClass] = {
-    k: VerdictClass.FAILURE if k in _FAILURES else
-    VerdictClass.LADDER if k in _LADDERS else VerdictClass.INFO
-    for k in VerdictKind
+    _K.STRAGGLER: _C.LADDER,
+    _K.JOB_SLOWDOWN: _C.INFO,  # the whole job: no rank to move
+    _K.STAGE_IMBALANCE: _C.INFO,
+    _K.RANK_SILENT: _C.FAILURE,
+    _K.PROCESS_EXIT: _C.FAILURE,
+    _K.XID_DRAIN: _C.FAILURE,  # the GPU must be drained
+    _K.XID_APP: _C.INFO,  # the application's own error
+    _K.XID_OTHER: _C.INFO,
+    _K.LINK_DOWN: _C.FAILURE,
+    _K.LINK_FLAPPING: _C.INFO,
+    _K.THERMAL_THROTTLE: _C.INFO,
+    _K.POWER_THROTTLE: _C.INFO,
+    _K.ECC_DBE: _C.INFO,
+    _K.ECC_SBE_RATE: _C.INFO,
+    _K.ROW_REMAP_FAILURE: _C.INFO,
+    _K.ROW_REMAP_PENDING: _C.INFO,
+    _K.HW_OUTLIER: _C.INFO,
+    _K.DATA_STARVATION: _C.INFO,
+    _K.LOSS_NONFINITE: _C.INFO,
+    _K.LOSS_SPIKE_AFTER_RESUME: _C.INFO,
 }
+if set(VERDICT_CLASSES) != set(VerdictKind):
+    raise RuntimeError("VERDICT_CLASSES: no class for "
+                       f"{sorted(set(VerdictKind) - set(VERDICT_CLASSES))}")
 
 
 def kinds_of(verdict_class: VerdictClass) -> frozenset[VerdictKind]:
