@@ -15,8 +15,7 @@ import yaml
 
 from tests.integration.conftest import arun
 from tests.integration.test_actuator_commands import KEY, command, outcomes_until
-from tests.integration.test_fencing import job_spec
-from trainguard.actuators.fencing import stop_process
+from tests.integration.test_fencing import job_spec, reap
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.producer import EventProducer
 from trainguard.events.payloads import CommandAction, CommandOutcome, OutcomeStatus, PoolUnit
@@ -80,7 +79,7 @@ def test_a_restarted_actuator_does_not_repeat_an_interrupted_command(
         for p in psutil.process_iter(["cmdline"]):
             cmd = p.info["cmdline"] or []
             if len(cmd) > 1 and cmd[1] == str(tmp_path / "worker.py"):
-                stop_process(p.pid, None, 0.1)
+                reap(p.pid)
     outcomes = [e.payload for e in events if isinstance(e.payload, CommandOutcome)]
     assert [(o.idempotency_key, o.status) for o in outcomes] == [
         ("k-resume", OutcomeStatus.ACCEPTED), ("k-resume", OutcomeStatus.TIMED_OUT)]
