@@ -81,13 +81,14 @@ Emit = Callable[[Event], None]
 SOURCE = "trainguard-actuator"
 FAULT_ENV = "TRAINGUARD_TEST_CRASH_AT"
 # where a command can be cut short: after its intent, after its first fenced replica, after
-# the fence, after its first launched rank, after the launch (before ``done``)
+# the fence, after its first launched rank, after the launch (before ``done``); named
+# ``ACTION:POINT`` (``migrate:fenced``; ``launch:...`` is the initial launch)
 FAULT_POINTS = ("intent", "fenced-1", "fenced", "launched-1", "launched")
 
 
 def fault_from_env() -> Callable[[str], None]:
-    """Test-only: SIGKILL this process at the fault point named by ``TRAINGUARD_TEST_CRASH_AT``
-    (no-op when unset)."""
+    """Test-only: SIGKILL this process at the fault point ``ACTION:POINT`` named by
+    ``TRAINGUARD_TEST_CRASH_AT`` (no-op when unset)."""
     at = os.environ.get(FAULT_ENV)
 
     def fault(point: str) -> None:
@@ -125,8 +126,12 @@ class Executor:
         self._emit = emit
         self.pool = pool or PoolState()
         self.journal = journal or Journal(None)
-        self._fault = fault
+        self._fault_at = fault
+        self._doing = "launch"  # the action under way, for the fault points
         self._refused: set[tuple[int, int, int | None]] = set()
+
+    def _fault(self, point: str) -> None:
+        self._fault_at(f"{self._doing}:{point}")
 
     def _phase(self, cid: str, phase: Phase, status: str | None = None) -> None:
         self.journal.append(phase_record(cid, phase, status))
@@ -184,6 +189,7 @@ class Executor:
     def launch_initial(self) -> int:
         placement = {u.rank: u.name for u in self.job.units if u.rank is not None}
         reason = "initial launch from the job spec"
+        self._doing = "launch"
         intent = Intent(f"initial-{new_event_id()}", "launch", placement, reason=reason,
                         from_epoch=self.pool.job_epoch(self.job.job_id))
         self.journal.append(intent.to_record())
@@ -248,6 +254,7 @@ class Executor:
             except ValidationError:
                 command = None
         cid = intent.cid
+        self._doing = "recover"
         reason = f"{intent.action}: finished after an actuator restart"
         t0 = time.monotonic()
         try:
@@ -417,6 +424,7 @@ class Executor:
         intent = Intent(cmd.command_id, cmd.action.value, placement, tuple(quarantine),
                         f"{cmd.action.value} (tier {cmd.tier})", cmd.model_dump(mode="json"),
                         self.pool.job_epoch(job))
+        self._doing = cmd.action.value
         self.journal.append(intent.to_record())  # write-ahead: nothing fenced yet
         self._fault("intent")
         t0 = time.monotonic()
