@@ -62,7 +62,7 @@ def test_command_phases_fold_and_the_last_without_done_is_in_flight() -> None:
     first = Intent("c1", "resume", {0: "u0", 1: "u1"}, from_epoch=1)
     j.append(first.to_record())
     for phase in ("fenced", "launched"):
-        j.append(phase_record("c1", phase))  # type: ignore[arg-type]
+        j.append(phase_record("c1", phase))
     j.append(phase_record("c1", "done", "done"))
     assert in_flight(j) is None
     second = Intent("c2", "migrate", {0: "u0", 1: "spare"}, ("u1",), "migrate (tier 2)",

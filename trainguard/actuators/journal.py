@@ -206,8 +206,9 @@ def commands(journal: Journal) -> list[Intent]:
     for rec in journal.read():
         if rec.get("kind") != "command":
             continue
-        cid, phase = rec.get("cid"), rec.get("phase")
-        if not isinstance(cid, str) or phase not in PHASES:
+        cid, named = rec.get("cid"), rec.get("phase")
+        phase = next((p for p in PHASES if p == named), None)
+        if not isinstance(cid, str) or phase is None:
             continue
         if phase == "intent":
             intent = _intent(rec, cid)
@@ -224,10 +225,10 @@ def commands(journal: Journal) -> list[Intent]:
 
 
 def in_flight(journal: Journal) -> Intent | None:
-    """The last command that has no ``done`` (there is at most one: commands run one at a
-    time), or None."""
-    pending = [i for i in commands(journal) if "done" not in i.phases]
-    return pending[-1] if pending else None
+    """The last command written, unless it is ``done`` (commands run one at a time: an older
+    one without ``done``, its record lost, was superseded and is never run again)."""
+    every = commands(journal)
+    return every[-1] if every and "done" not in every[-1].phases else None
 
 
 def _intent(rec: Mapping[str, object], cid: str) -> Intent | None:
