@@ -17,6 +17,7 @@ import yaml
 from tests.integration.conftest import arun
 from tests.integration.test_actuator_commands import KEY, command, outcomes_until
 from tests.integration.test_fencing import job_spec, reap
+from trainguard.actuators.journal import Journal, commands
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.producer import EventProducer
 from trainguard.events.payloads import CommandAction, CommandOutcome, OutcomeStatus, PoolUnit
@@ -45,7 +46,7 @@ def start_actuator(kafka: KafkaConfig, spec: Path, state: Path) -> subprocess.Po
 
 def test_a_restarted_actuator_finishes_an_interrupted_command_once(
         kafka: KafkaConfig, tmp_path: Path) -> None:
-    spec, job = write_spec(tmp_path, grace_s=8.0)  # the ranks ignore SIGTERM: a long fence
+    spec, job = write_spec(tmp_path, grace_s=4.0)  # the ranks ignore SIGTERM: a long fence
     first = start_actuator(kafka, spec, tmp_path / "state")
     second: subprocess.Popen[bytes] | None = None
     try:
@@ -68,6 +69,10 @@ def test_a_restarted_actuator_finishes_an_interrupted_command_once(
         seen = arun(send())
         statuses = [p.status for p in seen if isinstance(p, CommandOutcome)]
         assert statuses == [OutcomeStatus.ACCEPTED]
+        journal = Journal(tmp_path / "state" / f"commands-{job}.journal")
+        while "cmd-k-resume" not in {c.cid for c in commands(journal)}:
+            assert time.monotonic() < deadline + 40, "the resume never wrote its intent"
+            time.sleep(0.05)
         first.send_signal(signal.SIGKILL)  # mid-command: inside the SIGTERM grace
         first.wait(10)
         second = start_actuator(kafka, spec, tmp_path / "state")

@@ -9,7 +9,8 @@ optionally launches the job, then consumes:
   with the key from the secret file/env, its idempotency key is unused and it is fresh; every
   command gets ``accepted`` then ``done``/``failed``, or one ``refused``/``timed_out`` outcome;
 - the task topic (no group, from now): step reports and heartbeats with a stale binding epoch
-  are refused (``replica.refused``) and their process killed if it is still alive.
+  are refused (``replica.refused``); the process is killed only if the replica journal
+  recorded exactly that replica and proves it alive (pidfd + start time + boot id).
 """
 
 from __future__ import annotations
