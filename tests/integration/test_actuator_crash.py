@@ -20,7 +20,9 @@ from tests.integration.conftest import arun
 from tests.integration.test_actuator_commands import KEY, command, outcomes_until
 from tests.integration.test_actuator_restart import write_spec
 from tests.integration.test_fencing import reap
+from trainguard.actuators import zygote
 from trainguard.actuators.executor import FAULT_ENV, FAULT_POINTS
+from trainguard.actuators.journal import Journal, replicas
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.producer import EventProducer
 from trainguard.events.payloads import CommandAction, CommandOutcome, OutcomeStatus
@@ -28,7 +30,8 @@ from trainguard.events.payloads import CommandAction, CommandOutcome, OutcomeSta
 
 def actuator(kafka: KafkaConfig, spec: Path, state: Path, *extra: str,
              crash_at: str | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY.decode()}
+    env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY.decode(),  # + the warm job's module
+           "PYTHONPATH": f"{spec.parent}:{os.environ.get('PYTHONPATH', '')}"}
     env.pop(FAULT_ENV, None)
     if crash_at is not None:
         env[FAULT_ENV] = crash_at
@@ -40,13 +43,24 @@ def actuator(kafka: KafkaConfig, spec: Path, state: Path, *extra: str,
 
 def workers(tmp_path: Path) -> dict[int, list[int]]:
     """rank -> pids of the live worker processes of this test's job (whatever launched them:
-    a replica nobody tracks counts too)."""
+    a replica nobody tracks counts too). Cold: by command line; forked by the warm launcher:
+    its live children, each rank by its progress lines (-1: a child that never wrote one)."""
     out: dict[int, list[int]] = {}
     script = str(tmp_path / "worker.py")
-    for p in psutil.process_iter(["cmdline", "status"]):
+    ranks = {pid: rank for rank, _, pid in progress(tmp_path)}
+    for p in psutil.process_iter(["cmdline", "status", "ppid"]):
         cmd = p.info["cmdline"] or []
-        if len(cmd) > 2 and cmd[1] == script and p.info["status"] != psutil.STATUS_ZOMBIE:
+        if p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        if len(cmd) > 2 and cmd[1] == script:
             out.setdefault(int(cmd[2]), []).append(p.pid)
+        elif "trainguard.actuators.zygote" in cmd and str(tmp_path) in " ".join(cmd):
+            for child in p.children():
+                try:
+                    if child.status() != psutil.STATUS_ZOMBIE:
+                        out.setdefault(ranks.get(child.pid, -1), []).append(child.pid)
+                except psutil.Error:
+                    continue
     return out
 
 
@@ -61,7 +75,20 @@ def progress(tmp_path: Path) -> list[tuple[int, int, int]]:
 @pytest.mark.parametrize("action", [CommandAction.RESUME, CommandAction.MIGRATE])
 def test_killed_at_each_step_the_restarted_actuator_finishes_the_command(
         kafka: KafkaConfig, tmp_path: Path, action: CommandAction, point: str) -> None:
-    spec, job = write_spec(tmp_path, grace_s=0.5)  # the ranks ignore SIGTERM
+    crash_and_recover(kafka, tmp_path, action, point, warm=False)
+
+
+@pytest.mark.parametrize("point", ["fenced", "launched-1"])
+def test_warm_launcher_no_fork_outlives_a_killed_actuator_untracked(
+        kafka: KafkaConfig, tmp_path: Path, point: str) -> None:
+    """Issue 11 reproduction 4: ranks forked by the warm launcher, the actuator killed between
+    fence and launch and in the middle of the launch."""
+    crash_and_recover(kafka, tmp_path, CommandAction.MIGRATE, point, warm=True)
+
+
+def crash_and_recover(kafka: KafkaConfig, tmp_path: Path, action: CommandAction, point: str,
+                      warm: bool) -> None:
+    spec, job = write_spec(tmp_path, grace_s=0.5, warm=warm)  # the ranks ignore SIGTERM
     state = tmp_path / "state"
     first = actuator(kafka, spec, state, "--launch", crash_at=f"{action.value}:{point}")
     second: subprocess.Popen[bytes] | None = None
@@ -103,7 +130,9 @@ def test_killed_at_each_step_the_restarted_actuator_finishes_the_command(
         time.sleep(1.0)  # nothing else comes up late
         live = workers(tmp_path)
         assert sorted(live) == [0, 1] and all(len(p) == 1 for p in live.values()), live
-        units = {r: psutil.Process(p[0]).environ()["TRAINGUARD_UNIT"] for r, p in live.items()}
+        journal = Journal(state / "logs" / "replicas.journal")
+        units = {r: next(rec.unit for rec in replicas(journal, job) if rec.pid == p[0])
+                 for r, p in live.items()}
         second.send_signal(signal.SIGTERM)
         second.wait(20)
         down = subprocess.run(
@@ -121,6 +150,7 @@ def test_killed_at_each_step_the_restarted_actuator_finishes_the_command(
         for pids in workers(tmp_path).values():
             for pid in pids:
                 reap(pid)
+        zygote.stop(tmp_path / "logs" / f"zygote-{job}.sock")
     done = [e.payload for e in events if isinstance(e.payload, CommandOutcome)
             and e.payload.status is OutcomeStatus.DONE]
     assert done and done[0].idempotency_key == f"k-{action.value}"

@@ -24,13 +24,16 @@ from trainguard.events.payloads import CommandAction, CommandOutcome, OutcomeSta
 from trainguard.events.payloads import UnitState as US
 
 
-def write_spec(tmp_path: Path, grace_s: float) -> tuple[Path, str]:
-    spec = job_spec(tmp_path, world=2, grace_s=grace_s, ignore_term=True)
-    doc = {"job_id": spec.job_id, "world_size": spec.world_size, "command": list(spec.command),
+def write_spec(tmp_path: Path, grace_s: float, warm: bool = False) -> tuple[Path, str]:
+    spec = job_spec(tmp_path, world=2, grace_s=grace_s, ignore_term=True, warm=warm)
+    doc: dict[str, object] = {
+           "job_id": spec.job_id, "world_size": spec.world_size, "command": list(spec.command),
            "units": [{"name": u.name, "cpus": list(u.cpus), "labels": dict(u.labels),
                       **({"rank": u.rank} if u.rank is not None else {})} for u in spec.units],
            "ckpt_dir": str(spec.ckpt_dir), "node": spec.node, "grace_s": grace_s,
            "env": dict(spec.env), "log_dir": str(spec.log_dir)}
+    if warm:
+        doc["preload"] = list(spec.preload)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path, spec.job_id
