@@ -89,8 +89,11 @@ class Journal:
             self._memory.append(json.loads(json.dumps(record)))
             return
         data = frame(record)
+        created = not self.path.exists()
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:
+            if created and sync:  # the new file's name is durable too
+                _fsync_dir(self.path.parent)
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
                 data = b"\n" + data  # after a torn last record: start a fresh line
@@ -117,6 +120,14 @@ class Journal:
     def skipped(self) -> int:
         self.read()
         return self._cache[2] if self._cache is not None else 0
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # --- the replica journal ---------------------------------------------------------------------
