@@ -104,7 +104,8 @@ class LocalBackend:
         gate_r, gate_w = os.pipe()
         try:
             with open(log_path, "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", GATE, str(gate_r), *argv],
+                gate = [sys.executable, "-I", "-S", "-c", GATE, str(gate_r)]
+                proc = subprocess.Popen([*gate, *argv],
                                         env=env, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True,
                                         preexec_fn=in_child, pass_fds=(gate_r,))
