@@ -10,21 +10,27 @@ it runs, a client holding the socket blocks nobody, strangers are refused.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
+from tests.integration.conftest import arun, read_events
+from tests.integration.test_actuator_restart import start_actuator, write_spec
 from tests.integration.test_fencing import alive, job_spec, reap
 from trainguard.actuators import zygote
 from trainguard.actuators.executor import Executor
-from trainguard.actuators.jobspec import JobSpec
+from trainguard.actuators.jobspec import JobSpec, load_job_spec
 from trainguard.actuators.journal import replicas
 from trainguard.actuators.local import LocalBackend
 from trainguard.actuators.pool import rebuild
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.producer import EventProducer
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import (
@@ -36,9 +42,10 @@ from trainguard.events.payloads import (
     StepReport,
     UnitState,
 )
+from trainguard.events.topics import TopicRole
 
 
-def forged_bind(spec: JobSpec, epoch: int, pid: int) -> Event:
+def forged_bind(spec: JobSpec, epoch: int, pid: int | None) -> Event:
     return make_event(PoolUnit(unit="u0", state=UnitState.BOUND, node=spec.node, rank=0,
                                epoch=epoch, pid=pid, reason="forged"),
                       event_id=f"forged-bind-{epoch}", job_id=spec.job_id, event_time=epoch,
@@ -130,3 +137,56 @@ def test_the_warm_launcher_records_every_fork_and_refuses_strangers(
         if rep is not None:
             backend.fence(spec, rep)
         zygote.stop(path)
+
+
+def test_forged_pool_events_and_reports_on_the_broker_never_kill_a_stranger(
+        kafka: KafkaConfig, tmp_path: Path) -> None:
+    """The issue's reproduction end to end: forged ``pool.unit`` events on the outcomes topic,
+    an actuator restart, then step reports naming the stranger's pid on the task topic."""
+    spec, job = write_spec(tmp_path, grace_s=0.5)
+    state = tmp_path / "state"
+    first = start_actuator(kafka, spec, state)
+    second: subprocess.Popen[bytes] | None = None
+    victim = subprocess.Popen(["sleep", "120"])
+    try:
+        deadline = time.monotonic() + 60
+        progress = tmp_path / "progress.txt"
+        while not (progress.exists() and len(progress.read_text().split()) > 12):
+            assert time.monotonic() < deadline, "the job was not launched"
+            time.sleep(0.2)
+        job_spec_ = load_job_spec(spec)
+
+        async def forge(events: list[Event]) -> None:
+            async with EventProducer(kafka) as prod:
+                for event in events:
+                    await prod.send(event)
+
+        arun(forge([forged_bind(job_spec_, 1, victim.pid),  # as in the issue: the stranger
+                    forged_bind(job_spec_, 2, None)]))  # "bound" once, then a newer epoch
+        first.send_signal(signal.SIGTERM)
+        first.wait(30)
+        second = start_actuator(kafka, spec, state)
+        time.sleep(6.0)  # rebuilt (the forged events included) and following the task topic
+        for n in range(8):
+            arun(forge([forged_report(job_spec_, 1, victim.pid).model_copy(
+                update={"event_id": f"forged-report-1-{n}"}),
+                forged_report(job_spec_, 0, victim.pid).model_copy(
+                update={"event_id": f"forged-report-0-{n}"})]))
+            time.sleep(0.5)
+        time.sleep(2.0)
+        assert victim.poll() is None  # never signalled
+        assert second.poll() is None
+        refused = [e.payload for e in read_events(kafka, [TopicRole.OUTCOMES])
+                   if isinstance(e.payload, ReplicaRefused) and e.job_id == job]
+        assert refused and {(r.pid, r.action) for r in refused} == {(victim.pid, "discarded")}
+    finally:
+        victim.kill()
+        victim.wait(5)
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(20)
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if len(cmd) > 1 and cmd[1] == str(tmp_path / "worker.py"):
+                reap(p.pid)
