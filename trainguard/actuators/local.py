@@ -20,6 +20,7 @@ A warm rank is forked by the zygote the same way (the zygote writes its record).
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -44,6 +45,8 @@ from trainguard.actuators.fencing import (
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.journal import Journal, ReplicaRecord, replicas
 
+log = logging.getLogger(__name__)
+
 # never handed to a rank: the command key and the Kafka credentials stay with the services
 SECRET_ENV = ("TRAINGUARD_COMMAND_KEY", "TRAINGUARD_KAFKA_SASL_PASSWORD")
 # the rank's first instructions: wait until the journal holds its record ("g" on the pipe),
@@ -59,6 +62,9 @@ class LocalBackend:
         self.use_cgroups = use_cgroups
         self.journal_path = journal or log_dir / "replicas.journal"
         self.journal = Journal(self.journal_path)
+        if self.journal.skipped:
+            log.warning("replica journal %s: %d corrupt record(s) skipped", self.journal_path,
+                        self.journal.skipped)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self.cgroup_error: str | None = None
         self._zygote: subprocess.Popen[bytes] | None = None
