@@ -137,8 +137,13 @@ class Actuator:
             self.executor = ex = await self._rebuild()
             ex.register_units()
             await self._recover(ex)
-            if self.opts.launch and ex.pool.job_epoch(self.opts.job.job_id) == 0 \
-                    and self.backend.epoch(self.opts.job) == 0:
+            running = self.backend.live(self.opts.job)
+            if self.opts.launch and ex.pool.job_epoch(self.opts.job.job_id) == 0 and running:
+                log.error("actuator: job %s not launched: the log has never seen it bound, but "
+                          "replicas its journal recorded are alive (pids %s); stop them with "
+                          "--teardown first", self.opts.job.job_id,
+                          ", ".join(str(r.pid) for r in running))
+            elif self.opts.launch and ex.pool.job_epoch(self.opts.job.job_id) == 0:
                 epoch = await asyncio.to_thread(ex.launch_initial)
                 log.warning("actuator: launched job %s at epoch %d", self.opts.job.job_id,
                             epoch)
