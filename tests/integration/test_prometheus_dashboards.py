@@ -6,6 +6,12 @@ as their own processes, Debian's prometheus scraping both every second. The even
 scripted fault episodes (trainguard/metrics/scenario.py) published to the broker, a malformed
 record and the dead letter a real consumer writes for it, published in two waves so that rates
 and histogram quantiles have increases to show.
+
+GPU series come from dcgm-exporter-format endpoints serving the real captured scrapes in
+../shared/data/dcgm (one endpoint per captured node, as one exporter per node), scraped with the
+deployed config's relabelling (Hostname -> node). The captures hold no XID or NVLink series, so
+one more endpoint serves those two, written here for the H100 node (the only synthetic series).
+The job's rank processes on those nodes' GPUs come from agent telemetry published to the log.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +33,63 @@ from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.dashboards.build import build_all
 from trainguard.dashboards.queries import expressions, substitute
+from trainguard.dev.http_server import BackgroundHTTPServer
 from trainguard.dev.kafka import free_port
-from trainguard.dev.prometheus import PrometheusServer
+from trainguard.dev.prometheus import PrometheusServer, deployed_job
 from trainguard.events.clock import now_us
 from trainguard.events.envelope import Event
-from trainguard.events.payloads import IncidentState, IncidentTransition
+from trainguard.events.payloads import (
+    IncidentState,
+    IncidentTransition,
+    ProcessSample,
+    ProcessState,
+)
 from trainguard.events.topics import TopicNames, TopicRole
 from trainguard.metrics.scenario import episode
+from trainguard.rules.synth import telemetry
 from trainguard.traces.ids import trace_id_for
 from trainguard.traces.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
+DCGM = ROOT.parent / "shared" / "data" / "dcgm"
 JOB = "job-prom"
+VALUES = {"job": JOB, "node": ".*", "rank": ".*"}
+# Where the job's ranks run: the captured nodes and their GPUs.
+PLACEMENT = [("gpu-node-1", g) for g in range(8)] + [
+    ("cp-bm14r7", 0), ("gpu1-wl8sg", 0), ("i-030791dc5a37cd257", 0)]
+SYNTHETIC = "".join(
+    f'DCGM_FI_DEV_XID_ERRORS{{gpu="{g}",Hostname="gpu-node-1"}} {79 if g == 3 else 0}\n'
+    f'DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{gpu="{g}",Hostname="gpu-node-1"}} {1000 * g}\n'
+    for g in range(8))
+SYNTHETIC = ("# TYPE DCGM_FI_DEV_XID_ERRORS gauge\n# TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL "
+             "counter\n" + SYNTHETIC)
+
+
+def _scrape_server(body: bytes) -> BackgroundHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = BackgroundHTTPServer(Handler, name="dcgm-exporter")
+    server.start()
+    return server
+
+
+def _ranks_on_gpus() -> list[Event]:
+    """Agent telemetry of the job's rank processes on the captured nodes' GPUs."""
+    by_node: dict[str, list[ProcessSample]] = {}
+    for rank, (node, gpu) in enumerate(PLACEMENT):
+        by_node.setdefault(node, []).append(ProcessSample(
+            pid=1000 + rank, rank=rank, job_id=JOB, gpu=gpu, state=ProcessState.RUNNING))
+    return [telemetry(JOB, node, now_us(), seq, processes=procs)
+            for seq, (node, procs) in enumerate(sorted(by_node.items()))]
 OURS = 'trainguard_events_total{type!="telemetry.node"}'  # the agent publishes telemetry
 CLI = [sys.executable, "-m", "trainguard.cli.main"]
 
@@ -94,15 +146,25 @@ def services(kafka: KafkaConfig, tmp_path: Path
                 str(tmp_path / "spool"), "--socket", str(tmp_path / "agent.sock")],
                tmp_path / "agent.log"),
     ]
+    captured = sorted(DCGM.glob("*.prom"))
+    assert len(captured) == 4, f"the captured dcgm-exporter scrapes are missing: {DCGM}"
+    exporters = [_scrape_server(p.read_bytes()) for p in captured]
+    exporters.append(_scrape_server(SYNTHETIC.encode()))
     prom = PrometheusServer(root=tmp_path / "prometheus")
     prom.root.mkdir()  # type: ignore[union-attr]
     try:
         prom.start({"trainguard-metrics": [f"127.0.0.1:{metrics_port}"],
-                    "trainguard-agent": [f"127.0.0.1:{agent_port}"]}, interval="1s",
-                   rule_files=sorted((ROOT / "deploy/prometheus/rules").glob("*.yml")))
+                    "trainguard-agent": [f"127.0.0.1:{agent_port}"],
+                    "dcgm-exporter": [e.base_url.removeprefix("http://") for e in exporters]},
+                   interval="1s",
+                   rule_files=sorted((ROOT / "deploy/prometheus/rules").glob("*.yml")),
+                   job_settings={"dcgm-exporter": deployed_job(
+                       ROOT / "deploy/prometheus/prometheus.yml", "dcgm-exporter")})
         yield prom, rx, tmp_path
     finally:
         prom.stop()
+        for e in exporters:
+            e.stop()
         rx.__exit__()
         for p in procs:
             p.terminate()
@@ -133,9 +195,10 @@ def _value(prom: PrometheusServer, expr: str) -> float:
 def test_every_dashboard_query_returns_data_from_real_prometheus(
         kafka: KafkaConfig, services: tuple[PrometheusServer, OtlpReceiver, Path]) -> None:
     prom, rx, logs = services
-    _wait("both targets up", lambda: len(prom.targets_up()) == 2
+    _wait("every target up", lambda: len(prom.targets_up()) == 7
           and all(prom.targets_up().values()), 40, logs)
     t0 = now_us() - 14_000_000
+    _publish_only(kafka, _ranks_on_gpus())
     first = episode(JOB, t0, "a")
     _publish(kafka, first)
     _wait("the first wave scraped",
@@ -143,6 +206,13 @@ def test_every_dashboard_query_returns_data_from_real_prometheus(
     second = episode(JOB, t0 + 1_000_000, "b", leave_open=True)
     _publish(kafka, second)
     total = len(first) + len(second)
+    _wait("the ranks on GPUs scraped", lambda: prom.query(
+        f"count(trainguard_rank_info{{job_id=\"{JOB}\"}}) == {len(PLACEMENT)}"), 40, logs)
+    # Hostname relabelled to node, joined to the rank: the H100 node's GPU 3 is rank 3.
+    joined = prom.query(f'DCGM_FI_DEV_XID_ERRORS * on(node, gpu) group_left(job_id, rank) '
+                        f'trainguard_rank_info{{job_id="{JOB}", rank="3"}}')
+    assert [(r["metric"]["node"], r["metric"]["gpu"], r["value"][1]) for r in joined] == [
+        ("gpu-node-1", "3", "79")]
     _wait("the second wave scraped",
           lambda: prom.query(f"sum({OURS}) >= {total}"), 40, logs)
 
@@ -170,7 +240,7 @@ def test_every_dashboard_query_returns_data_from_real_prometheus(
     checked = 0
     for name, doc in build_all().items():
         for q in expressions(doc):
-            expr = substitute(q.expr, {"job": JOB})
+            expr = substitute(q.expr, VALUES)
             result = prom.query(expr)
             values = [float(r["value"][1]) for r in result]
             checked += 1

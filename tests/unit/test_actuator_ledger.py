@@ -57,7 +57,7 @@ def test_job_spec_placeholders_and_units() -> None:
     ({"command": []}, "'command'"),
     ({"grace_s": -1}, "'grace_s'"),
     ({"extra": 1}, "'extra': unknown"),
-    ({"units": [{"name": "u0", "cpus": ["x"], "rank": 0}]}, "units[0]: field 'cpus'"),
+    ({"units": [{"name": "u0", "cpus": ["x"], "rank": 0}]}, "field 'units[0].cpus'"),
 ])
 def test_bad_job_spec_names_the_field(change: dict[str, object], field: str) -> None:
     with pytest.raises(JobSpecError, match=field.replace("[", r"\[").replace("]", r"\]")

@@ -20,6 +20,8 @@ from trainguard.metrics.registry import PipelineMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT.parent / "shared" / "schemas" / "grafana-dashboard.jsonschema.json"
+DCGM_COUNTERS = ROOT.parent / "shared" / "data" / "dcgm" / "dcgm-exporter_default-counters.csv"
+VALUES = {"job": "job-1", "node": ".*", "rank": ".*"}
 DOCS = build_all()
 
 
@@ -43,10 +45,10 @@ def test_grafanalibs_raw_output_would_not_validate() -> None:
     assert list(_validator().iter_errors(raw))
 
 
-def test_four_dashboards_with_unique_uids_and_panel_ids() -> None:
-    assert set(DOCS) == {"fleet-overview.json", "job.json", "incidents.json",
+def test_five_dashboards_with_unique_uids_and_panel_ids() -> None:
+    assert set(DOCS) == {"fleet-overview.json", "job.json", "gpu.json", "incidents.json",
                          "pipeline-health.json"}
-    assert len({d["uid"] for d in DOCS.values()}) == 4
+    assert len({d["uid"] for d in DOCS.values()}) == 5
     for doc in DOCS.values():
         ids = [p["id"] for p in doc["panels"]]
         assert len(ids) == len(set(ids))
@@ -61,14 +63,25 @@ def _refs(node: Any) -> list[Any]:
     return []
 
 
-def test_every_datasource_reference_is_the_provisioned_prometheus() -> None:
+def test_every_datasource_reference_is_the_datasource_variable() -> None:
+    """No hard-coded uid: each dashboard picks its Prometheus (the provisioned one by default),
+    so it fits a Grafana that already has its own."""
     prov = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yml")
                           .read_text())["datasources"]
-    provisioned = {"type": prov[0]["type"], "uid": prov[0]["uid"]}
+    assert prov[0]["type"] == "prometheus"
     for name, doc in DOCS.items():
         refs = _refs(doc)
         assert refs, name
-        assert all(r == provisioned for r in refs), (name, refs)
+        assert all(r == {"type": "prometheus", "uid": "${datasource}"} for r in refs), (name, refs)
+        ds = [v for v in doc["templating"]["list"] if v["name"] == "datasource"]
+        assert ds and ds[0]["type"] == "datasource" and ds[0]["query"] == "prometheus", name
+
+
+def test_every_dashboard_links_to_the_others() -> None:
+    for name, doc in DOCS.items():
+        links = doc.get("links", [])
+        assert any(link.get("type") == "dashboards" and "trainguard" in link.get("tags", [])
+                   and link.get("keepTime") and link.get("includeVars") for link in links), name
 
 
 def test_committed_dashboards_are_the_built_ones() -> None:
@@ -88,13 +101,34 @@ def _exported_names() -> set[str]:
     return names
 
 
-def test_every_queried_metric_is_exported_by_the_metrics_service_or_the_agent() -> None:
+def _dcgm_defaults() -> set[str]:
+    """The metrics dcgm-exporter exports by default (its etc/default-counters.csv)."""
+    assert DCGM_COUNTERS.exists(), DCGM_COUNTERS
+    return {line.split(",")[0].strip() for line in DCGM_COUNTERS.read_text().splitlines()
+            if line.strip().startswith("DCGM_")}
+
+
+def test_every_queried_metric_is_exported_by_trainguard_or_dcgm_exporter() -> None:
     exported = _exported_names()
+    dcgm = _dcgm_defaults()
     for name, doc in DOCS.items():
         for q in expressions(doc):
             used = set(re.findall(r"\btrainguard_\w+|\bup(?=\{)", q.expr))
-            assert used, (name, q)
+            gpu = set(re.findall(r"\bDCGM_\w+", q.expr))
+            assert used or gpu, (name, q)
             assert used <= exported, (name, q.where, used - exported)
+            assert gpu <= dcgm, (name, q.where, gpu - dcgm)
+
+
+def test_the_gpu_dashboard_joins_dcgm_series_to_ranks() -> None:
+    exprs = [q.expr for q in expressions(DOCS["gpu.json"])]
+    names = {n for e in exprs for n in re.findall(r"\bDCGM_\w+", e)}
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_POWER_USAGE",
+            "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_XID_ERRORS",
+            "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER"} <= names
+    joined = [e for e in exprs if "group_left(job_id, rank)" in e]
+    assert len(joined) >= 8
+    assert all("on(node, gpu)" in e and "trainguard_rank_info" in e for e in joined)
 
 
 def test_every_panel_has_a_query_and_variables_substitute() -> None:
@@ -102,7 +136,7 @@ def test_every_panel_has_a_query_and_variables_substitute() -> None:
         panels = [p for p in doc["panels"] if p["type"] != "row"]
         assert all(p.get("targets") for p in panels)
         for q in expressions(doc):
-            assert "$" not in substitute(q.expr, {"job": "job-1"})
+            assert "$" not in substitute(q.expr, VALUES)
     with pytest.raises(KeyError, match=r"\$nope"):
         substitute("x{a=\"$nope\"}", {})
 
@@ -110,7 +144,7 @@ def test_every_panel_has_a_query_and_variables_substitute() -> None:
 def test_job_view_has_a_per_rank_heatmap_and_the_straggler_ratio() -> None:
     job = DOCS["job.json"]
     heat = [p for p in job["panels"] if p["type"] == "heatmap"]
-    assert heat and "trainguard_step_compute_ms" in heat[0]["targets"][0]["expr"]
+    assert heat and "trainguard_step_compute_seconds" in heat[0]["targets"][0]["expr"]
     assert heat[0]["targets"][0]["legendFormat"] == "{{rank}}"
     assert any("trainguard_straggler_ratio" in t["expr"] for p in job["panels"]
                for t in p.get("targets", []))

@@ -68,7 +68,7 @@ def test_ingest_lag_is_ingest_minus_event_time() -> None:
 
 def test_step_time_last_step_checkpoint_and_annotation_times() -> None:
     rec = _fed(episode("job-1", T0))
-    assert _v(rec, "trainguard_step_compute_ms", job_id="job-1", rank="3") == 103.0
+    assert _v(rec, "trainguard_step_compute_seconds", job_id="job-1", rank="3") == 0.103
     assert _v(rec, "trainguard_job_last_step", job_id="job-1") == 11
     assert _v(rec, "trainguard_checkpoint_last_step", job_id="job-1", action="verified") == 3
     assert _v(rec, "trainguard_checkpoint_last_timestamp_seconds", job_id="job-1",
@@ -88,9 +88,9 @@ def test_silent_jobs_series_expire_by_event_time() -> None:
                series_ttl_s=3600)
     removed = rec.sweep(T0 + 7200 * 1_000_000 + 20_000_000)
     assert removed > 0
-    assert _v(rec, "trainguard_step_compute_ms", job_id="job-old", rank="0") is None
+    assert _v(rec, "trainguard_step_compute_seconds", job_id="job-old", rank="0") is None
     assert _v(rec, "trainguard_job_last_step", job_id="job-old") is None
-    assert _v(rec, "trainguard_step_compute_ms", job_id="job-new", rank="0") == 100.0
+    assert _v(rec, "trainguard_step_compute_seconds", job_id="job-new", rank="0") == 0.1
     # counters are not job-keyed and stay
     assert _v(rec, "trainguard_events_total", type="step.report", topic="task") == 96
 
@@ -110,3 +110,24 @@ def test_dead_letters_by_source_role_and_consumer_invalid_by_topic() -> None:
     assert _v(rec, "trainguard_dlq_records_total", source_topic="other",
               consumer="streams") == 1
     assert _v(rec, "trainguard_invalid_records_total", topic="task") == 1
+
+
+def test_rank_info_joins_node_and_gpu_to_job_and_rank() -> None:
+    from trainguard.events.payloads import ProcessSample, ProcessState
+    from trainguard.rules.synth import telemetry
+
+    def procs(state: ProcessState) -> list[ProcessSample]:
+        return [ProcessSample(pid=10, rank=3, job_id="job-1", gpu=2, state=state),
+                ProcessSample(pid=11, rank=4, job_id="job-1", state=state)]  # GPU unknown
+
+    rec = Recorder(PipelineMetrics())
+    rec.observe(telemetry("job-1", "node-a", T0, 1, processes=procs(ProcessState.RUNNING)),
+                "telemetry")
+    assert _v(rec, "trainguard_rank_info", job_id="job-1", rank="3", node="node-a",
+              gpu="2") == 1
+    assert not [s for f in rec.metrics.registry.collect() for s in f.samples
+                if s.name == "trainguard_rank_info" and s.labels["rank"] == "4"]
+    rec.observe(telemetry("job-1", "node-a", T0 + 1, 2, processes=procs(ProcessState.EXITED)),
+                "telemetry")
+    assert _v(rec, "trainguard_rank_info", job_id="job-1", rank="3", node="node-a",
+              gpu="2") is None

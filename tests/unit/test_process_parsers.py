@@ -6,6 +6,7 @@ import os
 import signal
 
 import psutil
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -66,3 +67,18 @@ def test_it_is_a_collector() -> None:
     c: Collector = ProcessCollector("node-a")
     assert c.name == "process"
     assert c.collect(1).processes == []
+
+
+@pytest.mark.parametrize("env,gpu", [
+    ({"CUDA_VISIBLE_DEVICES": "3"}, 3),
+    ({"CUDA_VISIBLE_DEVICES": "3", "LOCAL_RANK": "1"}, 3),
+    ({"CUDA_VISIBLE_DEVICES": "0,1", "LOCAL_RANK": "1"}, None),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-4a2b"}, None),
+    ({"LOCAL_RANK": "5"}, 5),
+    ({"LOCAL_RANK": "-1"}, None),
+    ({}, None),
+])
+def test_gpu_of_a_rank_from_its_environment(env: dict[str, str], gpu: int | None) -> None:
+    from trainguard.collectors.process import gpu_of
+
+    assert gpu_of(env) == gpu

@@ -28,11 +28,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from trainguard.configfile import ConfigFileError, finite_in, load_yaml, show
+from trainguard.events.envelope import JobId, Subject
 
 
 class JobSpecError(ValueError):
     pass
+
+
+_JOB_ID: TypeAdapter[str] = TypeAdapter(JobId)
+MAX_WORLD = 65_536
+MAX_CPU = 65_535
+MAX_GRACE_S = 3_600.0
+
+
+def _contract(where: str, name: str, value: str, check: Any) -> None:
+    """``value`` passes the event contract's validator for the field it will travel in."""
+    try:
+        check(value)
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"]
+        raise JobSpecError(f"{where}: field {name!r}: breaks the event contract: {reason} "
+                           f"(got {show(value)})") from None
+
+
+def _text(where: str, name: str, value: Any) -> str:
+    """A string an argv, environment or path can carry (no NUL byte)."""
+    if not isinstance(value, str) or "\0" in value:
+        raise JobSpecError(f"{where}: field {name!r}: a string without NUL bytes "
+                           f"(got {show(value)})")
+    return value
 
 
 @dataclass(frozen=True)
@@ -67,15 +94,15 @@ class JobSpec:
                   "port": port, "ckpt_dir": str(self.ckpt_dir), "epoch": epoch, "unit": unit}
         try:
             return [part.format(**values) for part in self.command]
-        except (KeyError, IndexError, ValueError) as exc:
-            raise JobSpecError(f"command: bad placeholder ({exc})") from None
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
+            raise JobSpecError(f"field 'command': bad placeholder ({exc})") from None
 
 
 def load_job_spec(path: Path) -> JobSpec:
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise JobSpecError(f"{path}: {exc}") from None
+        doc = load_yaml(path)
+    except ConfigFileError as exc:
+        raise JobSpecError(str(exc)) from None
     return parse_job_spec(doc, str(path))
 
 
@@ -84,7 +111,7 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
         raise JobSpecError(f"{where}: must be a mapping")
     known = {"job_id", "world_size", "command", "units", "ckpt_dir", "node", "grace_s", "env",
              "log_dir", "preload"}
-    extra = sorted(set(doc) - known)
+    extra = sorted(map(str, set(doc) - known))
     if extra:
         raise JobSpecError(f"{where}: field {extra[0]!r}: unknown (known: {sorted(known)})")
 
@@ -92,16 +119,20 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
         value = doc.get(name)
         if not isinstance(value, typ) or isinstance(value, bool):
             raise JobSpecError(f"{where}: field {name!r}: required, a {typ.__name__} "
-                               f"(got {value!r})")
+                               f"(got {show(value)})")
         return value
 
     job_id = need("job_id", str)
+    _contract(where, "job_id", job_id, _JOB_ID.validate_python)
     world = need("world_size", int)
-    if world < 1:
-        raise JobSpecError(f"{where}: field 'world_size': must be >= 1 (got {world})")
+    if not 1 <= world <= MAX_WORLD:
+        raise JobSpecError(f"{where}: field 'world_size': must be from 1 to {MAX_WORLD} "
+                           f"(got {world})")
     command = need("command", list)
-    if not command or not all(isinstance(c, str) for c in command):
+    if not command:
         raise JobSpecError(f"{where}: field 'command': a non-empty list of strings")
+    for i, part in enumerate(command):
+        _text(where, f"command[{i}]", part)
     units = tuple(_unit(u, i, where) for i, u in enumerate(need("units", list)))
     names = [u.name for u in units]
     if len(set(names)) != len(names):
@@ -111,38 +142,62 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
         raise JobSpecError(f"{where}: field 'units': ranks 0..{world - 1} must each start on "
                            f"exactly one unit (got {ranks})")
     env = doc.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise JobSpecError(f"{where}: field 'env': a mapping of strings (got {env!r})")
+    if not isinstance(env, dict):
+        raise JobSpecError(f"{where}: field 'env': a mapping of strings (got {show(env)})")
+    for k, v in env.items():
+        if not isinstance(k, str) or not k or "=" in k or "\0" in k:
+            raise JobSpecError(f"{where}: field 'env': a variable name (got {show(k)})")
+        _text(where, f"env.{k}", v)
     grace = doc.get("grace_s", 5.0)
-    if not isinstance(grace, int | float) or grace < 0:
-        raise JobSpecError(f"{where}: field 'grace_s': a number >= 0 (got {grace!r})")
+    if not finite_in(grace, 0, MAX_GRACE_S):
+        raise JobSpecError(f"{where}: field 'grace_s': a number from 0 to {MAX_GRACE_S:g} "
+                           f"(got {show(grace)})")
     preload = doc.get("preload") or []
     if not isinstance(preload, list) or not all(isinstance(m, str) for m in preload):
-        raise JobSpecError(f"{where}: field 'preload': a list of module names (got {preload!r})")
+        raise JobSpecError(f"{where}: field 'preload': a list of module names "
+                           f"(got {show(preload)})")
     if preload and (len(command) < 3 or command[0] != "python" or command[1] != "-m"):
         raise JobSpecError(f"{where}: field 'preload': needs a command of the form "
                            f"[python, -m, MODULE, ...] (got {command[:3]})")
-    return JobSpec(job_id=job_id, world_size=world, command=tuple(command), units=units,
-                   preload=tuple(preload),
-                   ckpt_dir=Path(need("ckpt_dir", str)),
-                   node=str(doc.get("node") or socket.gethostname()), grace_s=float(grace),
-                   env=dict(env), log_dir=Path(doc["log_dir"]) if doc.get("log_dir") else None)
+    ckpt_dir = _text(where, "ckpt_dir", need("ckpt_dir", str))
+    node = doc.get("node") or socket.gethostname()
+    _contract(where, "node", _text(where, "node", node), lambda v: Subject(node=v))
+    log_dir = doc.get("log_dir")
+    if log_dir is not None:
+        _text(where, "log_dir", log_dir)
+    spec = JobSpec(job_id=job_id, world_size=world, command=tuple(command), units=units,
+                   preload=tuple(preload), ckpt_dir=Path(ckpt_dir), node=node,
+                   grace_s=float(grace), env=dict(env),
+                   log_dir=Path(log_dir) if log_dir else None)
+    try:  # a placeholder that cannot be filled fails now, not at the first launch
+        spec.argv(0, 0, 1, units[0].name)
+    except JobSpecError as exc:
+        raise JobSpecError(f"{where}: {exc}") from None
+    return spec
 
 
 def _unit(doc: Any, i: int, where: str) -> UnitSpec:
-    here = f"{where}: units[{i}]"
+    here = f"{where}: field 'units[{i}]"
     if not isinstance(doc, dict) or not isinstance(doc.get("name"), str):
-        raise JobSpecError(f"{here}: field 'name': required string")
+        raise JobSpecError(f"{here}.name': required string (got {show(doc)})")
+    name = doc["name"]
+    _contract(where, f"units[{i}].name", name, lambda v: Subject(unit=v))
+    if "/" in name or "\0" in name or name in (".", ".."):
+        raise JobSpecError(f"{here}.name': no '/' or NUL, not . or .. (got {show(name)})")
     cpus = doc.get("cpus", [])
-    if not isinstance(cpus, list) or not all(isinstance(c, int) and c >= 0 for c in cpus):
-        raise JobSpecError(f"{here}: field 'cpus': a list of CPU numbers (got {cpus!r})")
+    if not isinstance(cpus, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_CPU for c in cpus):
+        raise JobSpecError(f"{here}.cpus': a list of CPU numbers 0..{MAX_CPU} "
+                           f"(got {show(cpus)})")
     rank = doc.get("rank")
-    if rank is not None and (not isinstance(rank, int) or rank < 0):
-        raise JobSpecError(f"{here}: field 'rank': an integer >= 0 (got {rank!r})")
+    if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+        raise JobSpecError(f"{here}.rank': an integer >= 0 (got {show(rank)})")
     labels = doc.get("labels") or {}
-    if not isinstance(labels, dict):
-        raise JobSpecError(f"{here}: field 'labels': a mapping (got {labels!r})")
-    return UnitSpec(doc["name"], tuple(cpus), rank, {str(k): str(v) for k, v in labels.items()})
+    if not isinstance(labels, dict) or not all(
+            isinstance(v, str | int | float) and not isinstance(v, bool)
+            for v in labels.values()):
+        raise JobSpecError(f"{here}.labels': a mapping of strings (got {show(labels)})")
+    return UnitSpec(name, tuple(cpus), rank, {str(k): str(v) for k, v in labels.items()})
 
 
 # torch._dynamo: DistributedDataParallel imports the compiler stack (dynamo, inductor, sympy;

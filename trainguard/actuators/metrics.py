@@ -1,12 +1,18 @@
-"""Prometheus metrics of the decision service and the actuator (``--metrics-port``)."""
+"""Prometheus metrics of the decision service and the actuator (``--metrics-port``).
+
+Their counters are named for the service that counts (``trainguard_decide_*``,
+``trainguard_actuator_*``): the log's own totals, ``trainguard_commands_total`` and
+``trainguard_command_outcomes_total``, are the metrics service's, so a sum over every target
+never counts a command twice."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
-COMMANDS = Counter("trainguard_commands_total", "Commands issued by the decision service",
+COMMANDS = Counter("trainguard_decide_commands_issued_total",
+                   "Commands issued by this decision service",
                    ["action", "tier"])
-OUTCOMES = Counter("trainguard_command_outcomes_total", "Command outcomes from the actuator",
+OUTCOMES = Counter("trainguard_actuator_outcomes_total", "Command outcomes this actuator wrote",
                    ["action", "status"])
 REFUSED_REPLICAS = Counter("trainguard_replicas_refused_total",
                            "Stale replicas refused (old binding epoch)", ["action"])

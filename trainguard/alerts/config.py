@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -38,6 +37,12 @@ from trainguard.alerts.channels.webhook import WEBHOOK_LIMITS, WebhookChannel
 from trainguard.alerts.channels.wecom import WECOM_LIMITS, WeComChannel
 from trainguard.alerts.ratelimit import Limit
 from trainguard.alerts.secrets import Redactor, Secret, url_secret_parts
+from trainguard.configfile import ConfigFileError, load_yaml, show
+
+DAY_S = 86_400.0
+# every duration: finite, positive where it must be, and at most a year
+Seconds = Annotated[float, Field(ge=0, le=365 * DAY_S, allow_inf_nan=False)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=365 * DAY_S, allow_inf_nan=False)]
 
 ChannelType = Literal["slack", "feishu", "dingtalk", "wecom", "webhook", "alertmanager"]
 # Their URL is the credential: it must come from the environment or a file.
@@ -72,14 +77,14 @@ class SecretSource(_Model):
 
 
 class LimitSpec(_Model):
-    count: Annotated[int, Field(ge=1)]
-    per_s: Annotated[float, Field(gt=0)]
+    count: Annotated[int, Field(ge=1, le=1_000_000)]
+    per_s: PositiveSeconds
 
 
 class RetrySpec(_Model):
     max_attempts: Annotated[int, Field(ge=1, le=20)] = 5
-    base_s: Annotated[float, Field(ge=0)] = 0.5
-    cap_s: Annotated[float, Field(gt=0)] = 30.0
+    base_s: Annotated[float, Field(ge=0, le=DAY_S, allow_inf_nan=False)] = 0.5
+    cap_s: Annotated[float, Field(gt=0, le=DAY_S, allow_inf_nan=False)] = 30.0
 
 
 class ChannelSpec(_Model):
@@ -91,8 +96,8 @@ class ChannelSpec(_Model):
     msgtype: Literal["markdown", "text"] = "markdown"
     limits: list[LimitSpec] | None = None
     max_individual: Annotated[int, Field(ge=1, le=50)] = 5
-    resend_s: Annotated[float, Field(gt=0)] = 60.0
-    timeout_s: Annotated[float, Field(gt=0, le=120)] = 10.0
+    resend_s: PositiveSeconds = 60.0
+    timeout_s: Annotated[float, Field(gt=0, le=120, allow_inf_nan=False)] = 10.0
     retry: RetrySpec = RetrySpec()
 
     @model_validator(mode="after")
@@ -108,9 +113,9 @@ class ChannelSpec(_Model):
 
 
 class CoalesceSpec(_Model):
-    hold_s: Annotated[float, Field(ge=0, le=600)] = 2.0
-    flush_s: Annotated[float, Field(ge=0.05, le=60)] = 1.0
-    retain_s: Annotated[float, Field(ge=0)] = 86_400.0
+    hold_s: Annotated[float, Field(ge=0, le=600, allow_inf_nan=False)] = 2.0
+    flush_s: Annotated[float, Field(ge=0.05, le=60, allow_inf_nan=False)] = 1.0
+    retain_s: Seconds = DAY_S
 
 
 class AlertsFile(_Model):
@@ -150,7 +155,9 @@ def parse(doc: object) -> AlertsFile:
         # a union reports one error per member: the one that is not a type mismatch says more
         err = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
         loc = [str(p) for p in err["loc"] if not _union_tag(p)]
-        raise ConfigError(".".join(loc) or "(file)", err["msg"]) from None
+        scalar = isinstance(err.get("input"), str | int | float | None)
+        got = f" (got {show(err['input'])})" if "input" in err and scalar else ""
+        raise ConfigError(".".join(loc) or "(file)", err["msg"] + got) from None
 
 
 def _union_tag(part: object) -> bool:
@@ -159,11 +166,9 @@ def _union_tag(part: object) -> bool:
 
 def load(path: Path, environ: Mapping[str, str] | None = None) -> AlertsConfig:
     try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"not YAML: {exc}") from None
+        doc = load_yaml(path)
+    except ConfigFileError as exc:
+        raise ConfigError(exc.where, exc.reason) from None
     return build(parse(doc), os.environ if environ is None else environ)
 
 
@@ -175,9 +180,11 @@ def resolve(source: SecretSource, field: str, environ: Mapping[str, str]) -> Sec
         return Secret(value.strip())
     assert source.file is not None
     try:
-        value = source.file.read_text().strip()
+        value = source.file.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(field, f"cannot read {source.file}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(field, f"{source.file} is not valid UTF-8") from None
     if not value:
         raise ConfigError(field, f"{source.file} is empty")
     return Secret(value)

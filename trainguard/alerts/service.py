@@ -61,8 +61,13 @@ class AlertsService:
         consumer = EventConsumer(self.kafka, [TopicRole.INCIDENTS], group_id=self.options.group_id,
                                  name="trainguard-alerts", dlq=dlq,
                                  from_offset=self.options.from_offset)
-        await dlq.start()
-        await consumer.start()
+        try:
+            await dlq.start()
+            await consumer.start()
+        except BaseException:
+            await consumer.stop()  # never leave a client of a failed start unclosed
+            await dlq.stop()
+            raise
         tasks = [asyncio.create_task(w.run(), name=f"alerts-{w.name}") for w in self.workers]
         try:
             await self._loop(consumer, stop)

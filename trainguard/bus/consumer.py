@@ -77,7 +77,11 @@ class EventConsumer:
         )
 
     async def start(self) -> None:
-        await self._consumer.start()
+        try:
+            await self._consumer.start()
+        except BaseException:
+            await self._consumer.stop()  # a client that failed to start holds no connection
+            raise
 
     async def stop(self) -> None:
         await self._consumer.stop()

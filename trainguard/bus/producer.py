@@ -37,7 +37,11 @@ class EventProducer:
         self._producer = AIOKafkaProducer(**config.client_kwargs(), **merged)
 
     async def start(self) -> None:
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except BaseException:
+            await self._producer.stop()  # a client that failed to start holds no connection
+            raise
 
     async def stop(self) -> None:
         await self._producer.stop()

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -19,14 +19,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("actuator", help="execute signed remediation commands on a job "
                        "(local backend); optionally launch it")
     add_kafka_args(p)
-    p.add_argument("--job-spec", type=Path, required=True,
+    p.add_argument("--job-spec", type=input_file, required=True,
                    help="the job: command, units (CPU sets), ranks, spares, checkpoint dir")
     p.add_argument("--launch", action="store_true",
                    help="launch the job's ranks at start if the log has never seen it bound")
     p.add_argument("--state-dir", type=Path,
                    help="ledger of used idempotency keys and rank logs (default "
                    "$TRAINGUARD_STATE/actuator-<job>)")
-    p.add_argument("--key-file", type=Path, help="command signing key (default "
+    p.add_argument("--key-file", type=input_file, help="command signing key (default "
                    "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
     p.add_argument("--max-age-s", type=float, default=60.0,
                    help="refuse commands issued longer ago than this (default 60)")

@@ -8,7 +8,14 @@ import logging
 import socket
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
+from trainguard.cli.common import (
+    CliError,
+    add_kafka_args,
+    check_ids,
+    input_file,
+    kafka_config,
+    run_until_stopped,
+)
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -36,7 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--peer", action="append", default=[],
                    help="peer address of the job to measure RTT/retransmits toward")
     p.add_argument("--no-kernel-log", action="store_true", help="do not follow the kernel log")
-    p.add_argument("--fault-log", type=Path, help="a node fault log (JSONL/CSV) to import")
+    p.add_argument("--fault-log", type=input_file, help="a node fault log (JSONL/CSV) to import")
     p.add_argument("--discover", action="store_true",
                    help="also watch processes whose environment has TRAINGUARD_JOB_ID")
     p.add_argument("--duration", type=float, help="stop after this many seconds")
@@ -46,6 +53,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from trainguard.agent.build import AgentOptions, build_agent
 
+    if args.fault_log is not None and args.fault_log.exists() and not args.fault_log.is_file():
+        # a missing fault log is followed until it appears; anything else is a mistake
+        raise CliError(f"--fault-log {args.fault_log}: not a regular file")
+    check_ids(job_id=args.job_id, node=args.node)
     cfg = kafka_config(args, client_id=f"trainguard-agent-{args.node}")
     opts = AgentOptions(
         node=args.node, job_id=args.job_id, interval_s=args.interval,

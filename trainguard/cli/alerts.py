@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
 
 if TYPE_CHECKING:
     from trainguard.alerts.config import AlertsConfig
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     run = cmds.add_parser("run", help="consume incident transitions and post alerts")
     add_kafka_args(run)
-    run.add_argument("--config", type=Path, required=True, help="alerts YAML (channels)")
+    run.add_argument("--config", type=input_file, required=True, help="alerts YAML (channels)")
     run.add_argument("--group-id", help="consumer group (default <prefix>-alerts)")
     run.add_argument("--from-offset", choices=["latest", "earliest"], default="latest",
                      help="where a new consumer group starts (default latest: no alerts "
@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.set_defaults(func=_run)
 
     check = cmds.add_parser("check", help="validate a config and resolve its secrets")
-    check.add_argument("--config", type=Path, required=True)
+    check.add_argument("--config", type=input_file, required=True)
     check.set_defaults(func=_check)
 
     rx = cmds.add_parser("receiver", help="a local HTTP receiver that records every request "
@@ -52,7 +52,8 @@ def _load(path: Path) -> AlertsConfig:
     try:
         return load(path)
     except ConfigError as err:
-        raise SystemExit(f"alerts config {path}: {err}") from None
+        where = "" if str(err).startswith(str(path)) else f"{path}: "
+        raise SystemExit(f"trainguard alerts: config {where}{err}") from None
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
+from trainguard.cli.common import (
+    add_kafka_args,
+    check_ids,
+    input_file,
+    kafka_config,
+    run_until_stopped,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("decide", help="run the remediation policy: verdicts -> signed commands")
     add_kafka_args(p)
-    p.add_argument("--key-file", type=Path, help="command signing key (default "
+    p.add_argument("--key-file", type=input_file, help="command signing key (default "
                    "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
     p.add_argument("--job", action="append", help="only these jobs (default: every job)")
     p.add_argument("--window-s", type=float, default=5.0,
@@ -50,6 +55,8 @@ def _run(args: argparse.Namespace) -> int:
                            checkpoint_wait_s=args.checkpoint_wait_s)
     except (SigningKeyError, ValueError) as exc:
         raise SystemExit(f"trainguard decide: {exc}") from None
+    for job in args.job or ():
+        check_ids(job_id=job)
     cfg = kafka_config(args, client_id="trainguard-decide")
     metrics.serve(args.metrics_port)
     decider = Decider(cfg, DeciderOptions(key=key, policy=pol,

@@ -51,11 +51,31 @@ def _run_dir(args: argparse.Namespace) -> Path:
 
     p = Path(args.run)
     if p.is_dir():
+        _check_meta(p / "run.json")
         return p
     found = Path(args.root or runs_root()) / str(args.run)
     if not found.is_dir():
         raise SystemExit(f"trainguard drill: no run {args.run!r} (looked in {found.parent})")
+    _check_meta(found / "run.json")
     return found
+
+
+def _check_meta(path: Path) -> None:
+    """The run's ``run.json``: what verify and report read before anything else."""
+    from trainguard.cli.common import CliError
+    from trainguard.configfile import read_text, show
+
+    try:
+        meta = json.loads(read_text(path))
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{path}: not JSON: {exc}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("run_id"), str):
+        raise CliError(f"{path}: field 'run_id': a string (got {show(meta)})")
+    scenarios = meta.get("scenarios")
+    if not isinstance(scenarios, dict) or not all(isinstance(v, dict)
+                                                  for v in scenarios.values()):
+        raise CliError(f"{path}: field 'scenarios': a mapping of mappings "
+                       f"(got {show(scenarios)})")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
-from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config
 from trainguard.events.codec import decode, encode
 from trainguard.events.docs import render_markdown
 from trainguard.events.errors import ContractError
@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tail.add_argument("--follow", action="store_true", help="keep reading new events")
     tail.set_defaults(func=_tail)
     validate = ev_sub.add_parser("validate", help="check a JSON-lines file of events")
-    validate.add_argument("file", type=Path)
+    validate.add_argument("file", type=input_file)
     validate.set_defaults(func=_validate)
 
 
@@ -49,9 +49,9 @@ def _tail(args: argparse.Namespace) -> int:
     async def run() -> None:
         dlq = EventProducer(cfg)
         consumer = EventConsumer(cfg, roles, group_id=None, name="tail", dlq=dlq)
-        await dlq.start()
-        await consumer.start()
         try:
+            await dlq.start()
+            await consumer.start()
             while True:
                 batch = await (consumer.poll(timeout_ms=1000) if args.follow
                                else consumer.drain(idle_ms=1000))

@@ -8,13 +8,13 @@ import asyncio
 import sys
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stopped
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
-from trainguard.incidents.query import IncidentNotFound, find, incident_views
+from trainguard.incidents.query import find, incident_views
 from trainguard.incidents.service import serve
 from trainguard.incidents.settings import IncidentSettings
-from trainguard.incidents.source import LogFileError, LogSourceError, read_log_file, read_topics
+from trainguard.incidents.source import read_log_file, read_topics
 from trainguard.timeline import FORMATS, build_timeline, render
 
 
@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _log_args(p: argparse.ArgumentParser) -> None:
     add_kafka_args(p)
-    p.add_argument("--log", type=Path, help="an exported JSON-lines log instead of the topics "
-                   "(`trainguard replay export`)")
+    p.add_argument("--log", type=input_file, help="an exported JSON-lines log instead of the "
+                   "topics (`trainguard replay export`)")
     p.add_argument("--job", help="only this job")
     _settings_args(p)
 
@@ -67,11 +67,7 @@ def load_log(args: argparse.Namespace) -> list[Event]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    try:
-        views = incident_views(load_log(args), settings_of(args), args.job)
-    except (LogFileError, LogSourceError) as err:
-        print(err, file=sys.stderr)
-        return 2
+    views = incident_views(load_log(args), settings_of(args), args.job)
     for v in views:
         inc = v.incident
         tier = f" tier {inc.tier}" if inc.tier is not None else ""
@@ -86,12 +82,8 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _show(args: argparse.Namespace) -> int:
-    try:
-        events = load_log(args)
-        view = find(incident_views(events, settings_of(args), args.job), args.id)
-    except (LogFileError, LogSourceError, IncidentNotFound) as err:
-        print(err, file=sys.stderr)
-        return 2
+    events = load_log(args)  # a bad log or no broker: one line and exit 2, from cli.main
+    view = find(incident_views(events, settings_of(args), args.job), args.id)
     text = render(build_timeline(view.incident, events), args.format)
     if args.out:
         args.out.write_text(text)

@@ -7,9 +7,8 @@ import asyncio
 import logging
 import signal
 import sys
-from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.set_defaults(func=_serve)
     traces = m_sub.add_parser("traces", help="build incident traces from a JSON-lines event "
                               "log (`trainguard events tail` output) and export them")
-    traces.add_argument("file", type=Path)
+    traces.add_argument("file", type=input_file)
     _otlp_arg(traces)
     traces.add_argument("--all", action="store_true", help="also incidents not yet ended")
     traces.set_defaults(func=_traces)
@@ -100,7 +99,7 @@ def _traces(args: argparse.Namespace) -> int:
                     events.append(decode(line))
                 except ContractError as err:
                     print(f"{args.file}:{lineno}: {err}", file=sys.stderr)
-                    return 1
+                    return 2
     plans = [p for p in plan_traces(events) if p.complete or args.all]
     endpoint = otlp_endpoint(args.otlp_endpoint)
     emitter = otlp_emitter(endpoint, service_name="trainguard-replay") if endpoint else None

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import orjson
 
+from trainguard.cli.common import input_file
 from trainguard.cli.incident import load_log, settings_of
 from trainguard.events.envelope import Event
-from trainguard.incidents.source import LogFileError, LogSourceError, write_log
+from trainguard.incidents.source import write_log
 from trainguard.replay.report import render_report, report_doc
 from trainguard.replay.run import replay_log
-from trainguard.replay.window import Window, WindowError
-from trainguard.rules import RuleError, load_default_rules, load_rules
+from trainguard.replay.window import Window
+from trainguard.rules import load_default_rules, load_rules
 
 WHEN = "ISO time (2026-01-01T00:00:05Z), epoch microseconds, or an offset from the log's " \
        "start or end: start+30s, end-5m (also +30s, and -5m written as --to=-5m)"
@@ -24,7 +25,8 @@ WHEN = "ISO time (2026-01-01T00:00:05Z), epoch microseconds, or an offset from t
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp = sub.add_parser("replay", help="replay the log: reproduce or what-if; export it")
     _common(rp)
-    rp.add_argument("--rules", type=Path, help="rule file (default: the shipped default rules)")
+    rp.add_argument("--rules", type=input_file,
+                    help="rule file (default: the shipped default rules)")
     rp.add_argument("--json", action="store_true", help="the comparison as JSON")
     rp.add_argument("--join-window-ms", type=int, default=30_000, help=argparse.SUPPRESS)
     rp.add_argument("--lateness-ms", type=int, default=15_000, help=argparse.SUPPRESS)
@@ -40,7 +42,7 @@ def _common(p: argparse.ArgumentParser, default: object = None) -> None:
     p.add_argument("--bootstrap", default=default, help="Kafka bootstrap servers (default: "
                    "$TRAINGUARD_KAFKA_BOOTSTRAP, else the dev broker if running)")
     p.add_argument("--prefix", default=default, help="topic prefix")
-    p.add_argument("--log", type=Path, default=default,
+    p.add_argument("--log", type=input_file, default=default,
                    help="an exported JSON-lines log instead of the topics")
     p.add_argument("--from", dest="start", metavar="T", default=default, help=WHEN)
     p.add_argument("--to", dest="end", metavar="T", default=default, help=WHEN)
@@ -62,12 +64,9 @@ def _load(args: argparse.Namespace) -> tuple[list[Event], Window]:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    try:
-        rules = load_rules(args.rules) if args.rules else load_default_rules()
-        events, window = _load(args)
-    except (LogFileError, LogSourceError, WindowError, RuleError, OSError) as err:
-        print(err, file=sys.stderr)
-        return 2
+    # a bad file, window or rule set, or no broker: one line and exit 2, from cli.main
+    rules = load_rules(args.rules) if args.rules else load_default_rules()
+    events, window = _load(args)
     result = replay_log(events, rules, window, settings_of(args))
     if args.json:
         sys.stdout.write(orjson.dumps(report_doc(result), option=orjson.OPT_INDENT_2).decode()
@@ -78,11 +77,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    try:
-        events, window = _load(args)
-    except (LogFileError, LogSourceError, WindowError) as err:
-        print(err, file=sys.stderr)
-        return 2
+    events, window = _load(args)
     chosen = [e for e in events if window.contains(e.event_time)]
     if args.out is None:
         n = write_log(chosen, sys.stdout.buffer)

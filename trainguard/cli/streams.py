@@ -7,7 +7,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from trainguard.cli.common import add_kafka_args, kafka_config
+from trainguard.cli.common import add_kafka_args, input_file, kafka_config
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("streams", help="run a streams worker: rules over the event log")
     add_kafka_args(p)
-    p.add_argument("--rules", type=Path, help="rule file (default: the shipped rule set)")
+    p.add_argument("--rules", type=input_file, help="rule file (default: the shipped rule set)")
     p.add_argument("--app-id", help="faust app id (default <prefix>-streams); workers with "
                    "the same id share the partitions")
     p.add_argument("--datadir", type=Path, help="faust data dir (default $TRAINGUARD_STATE/"

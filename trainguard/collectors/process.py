@@ -29,7 +29,7 @@ import os
 import select
 import signal as signal_mod
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -121,6 +121,7 @@ class _Watched:
     rank: int | None
     binding_epoch: int | None
     popen: subprocess.Popen[Any] | None = None
+    gpu: int | None = None
     pidfd: int | None = None
     proc: psutil.Process | None = None
     cpu_primed: bool = False
@@ -154,6 +155,7 @@ class ProcessCollector:
         binding_epoch: int | None = None,
         *,
         popen: subprocess.Popen[Any] | None = None,
+        gpu: int | None = None,
     ) -> None:
         """Start watching ``pid`` (a rank of ``job_id``). Pass ``popen`` when the agent spawned
         it. Registering a pid again replaces the entry (e.g. a new binding epoch). A pid that
@@ -165,7 +167,8 @@ class ProcessCollector:
         old = self._watched.pop(pid, None)
         if old is not None:
             self._close(old)
-        w = _Watched(pid=pid, job_id=job_id, rank=rank, binding_epoch=binding_epoch, popen=popen)
+        w = _Watched(pid=pid, job_id=job_id, rank=rank, binding_epoch=binding_epoch, popen=popen,
+                     gpu=gpu)
         if self.use_pidfd:
             try:
                 w.pidfd = os.pidfd_open(pid)
@@ -217,7 +220,7 @@ class ProcessCollector:
             if not job:
                 continue
             self.register(proc.pid, job, _int_or_none(env.get(env_rank)),
-                          _int_or_none(env.get(env_binding_epoch)))
+                          _int_or_none(env.get(env_binding_epoch)), gpu=gpu_of(env))
             found.append(proc.pid)
         return found
 
@@ -298,7 +301,7 @@ class ProcessCollector:
                         subject=Subject(node=self.node, rank=w.rank))
 
     def _final_sample(self, w: _Watched, info: ExitInfo) -> ProcessSample:
-        return ProcessSample(pid=w.pid, rank=w.rank, job_id=w.job_id,
+        return ProcessSample(pid=w.pid, rank=w.rank, job_id=w.job_id, gpu=w.gpu,
                              state=ProcessState.ZOMBIE if info.zombie else ProcessState.EXITED,
                              exit_code=info.exit_code)
 
@@ -327,7 +330,7 @@ class ProcessCollector:
             return None  # the exit check right after reports it
         except psutil.AccessDenied:
             pass
-        return ProcessSample(pid=w.pid, rank=w.rank, job_id=w.job_id, state=state,
+        return ProcessSample(pid=w.pid, rank=w.rank, job_id=w.job_id, gpu=w.gpu, state=state,
                              cpu_pct=cpu, rss_bytes=rss, threads=threads)
 
     def _peek_exit(self, w: _Watched) -> bool:
@@ -440,6 +443,16 @@ def _from_waitid(res: Any) -> tuple[int | None, int | None]:
     if code in (os.CLD_KILLED, os.CLD_DUMPED):
         return None, status
     return None, None
+
+
+def gpu_of(env: Mapping[str, str]) -> int | None:
+    """The GPU index a rank process uses on its node, as its environment says: the one device
+    of ``CUDA_VISIBLE_DEVICES`` (an index; a UUID or several devices say nothing certain),
+    else ``LOCAL_RANK`` (torchrun's one-GPU-per-local-rank convention); None otherwise."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible:
+        return _int_or_none(visible) if "," not in visible else None
+    return _int_or_none(env.get("LOCAL_RANK"))
 
 
 def _int_or_none(text: str | None) -> int | None:

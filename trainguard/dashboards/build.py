@@ -9,12 +9,13 @@ from typing import Any
 
 from grafanalib.core import Dashboard
 
-from trainguard.dashboards import fleet, incidents, job, pipeline
+from trainguard.dashboards import fleet, gpu, incidents, job, pipeline
 from trainguard.dashboards.grafana_json import to_grafana_json
 
 BUILDERS: dict[str, Callable[[], Dashboard]] = {
     "fleet-overview": fleet.build,
     "job": job.build,
+    "gpu": gpu.build,
     "incidents": incidents.build,
     "pipeline-health": pipeline.build,
 }

@@ -1,21 +1,44 @@
-"""What every trainguard dashboard shares: the frame, the job variable, incident annotations."""
+"""What every trainguard dashboard shares: the frame, the datasource, job/node/rank variables,
+incident annotations and the links between the dashboards."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from grafanalib.core import Annotations, Dashboard, Template, Templating, Time
+from grafanalib.core import Annotations, Dashboard, DashboardLink, Template, Templating, Time
 
-from trainguard.dashboards.datasource import PROMETHEUS_UID, ref
+from trainguard.dashboards.datasource import UID, ref, variable
 
 RATE = "$__rate_interval"
 TAGS = ["trainguard"]
+ALL = ".*"
+# The job's ranks as trainguard sees them on nodes and GPUs: node/rank variables and the join of
+# dcgm-exporter's series (relabelled Hostname -> node, see deploy/prometheus/prometheus.yml).
+RANKS = 'trainguard_rank_info{job_id="$job", node=~"$node", rank=~"$rank"}'
 
 
 def job_variable() -> Template:
-    return Template(name="job", label="job", dataSource=PROMETHEUS_UID,
-                    query="label_values(trainguard_step_compute_ms, job_id)", refresh=2, sort=1)
+    return Template(name="job", label="job", dataSource=UID,
+                    query="label_values(trainguard_job_last_step, job_id)", refresh=2, sort=1)
+
+
+def node_variable() -> Template:
+    return Template(name="node", label="node", dataSource=UID,
+                    query='label_values(trainguard_rank_info{job_id="$job"}, node)', refresh=2,
+                    sort=1, multi=True, includeAll=True, allValue=ALL,
+                    default="$__all")
+
+
+def rank_variable() -> Template:
+    return Template(name="rank", label="rank", dataSource=UID,
+                    query='label_values(trainguard_rank_info{job_id="$job", node=~"$node"}, '
+                          "rank)", refresh=2, sort=3, multi=True, includeAll=True,
+                    allValue=ALL, default="$__all")
+
+
+def job_variables() -> list[Template]:
+    return [variable(), job_variable(), node_variable(), rank_variable()]
 
 
 def incident_annotation(job_selector: str = "") -> dict[str, Any]:
@@ -39,12 +62,20 @@ def incident_annotation(job_selector: str = "") -> dict[str, Any]:
     }
 
 
+def links() -> list[DashboardLink]:
+    """Every trainguard dashboard, as a menu keeping the time range and the variables."""
+    return [DashboardLink(title="trainguard", type="dashboards", tags=list(TAGS),
+                          asDropdown=True, includeVars=True, keepTime=True)]
+
+
 def dashboard(uid: str, title: str, description: str, panels: Sequence[Any], *,
               variables: Sequence[Template] = (),
               annotations: Sequence[dict[str, Any]] = ()) -> Dashboard:
+    names = {v.name for v in variables}
+    all_vars = list(variables) if "datasource" in names else [variable(), *variables]
     return Dashboard(
         uid=uid, title=title, description=description, tags=TAGS, timezone="utc",
         refresh="10s", time=Time("now-1h", "now"), panels=list(panels),
-        templating=Templating(list=list(variables)),
+        templating=Templating(list=all_vars), links=links(),
         annotations=Annotations(list=list(annotations)),
     ).auto_panel_ids()

@@ -19,7 +19,7 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
 
-from trainguard.dashboards.datasource import PROMETHEUS_UID, ref
+from trainguard.dashboards.datasource import PROMETHEUS_UID, UID, ref
 
 DASHBOARD_KEYS = frozenset({
     "id", "uid", "title", "description", "revision", "tags", "timezone", "editable",
@@ -73,7 +73,7 @@ def _only(d: dict[str, Any], keys: frozenset[str]) -> dict[str, Any]:
 def _ds(value: Any) -> dict[str, str]:
     if isinstance(value, dict):
         return {k: str(v) for k, v in value.items() if k in ("type", "uid")}
-    if value in (None, PROMETHEUS_UID, "Prometheus", "default"):
+    if value in (None, UID, PROMETHEUS_UID, "Prometheus", "default"):
         return ref()
     raise ValueError(f"datasource: only the Prometheus datasource is provisioned (got {value!r})")
 
@@ -112,7 +112,9 @@ def _field_config(fc: dict[str, Any]) -> dict[str, Any]:
 
 def _variable(v: dict[str, Any]) -> dict[str, Any]:
     out = _only(v, VARIABLE_KEYS)
-    if "datasource" in out or out.get("type") == "query":
+    if out.get("type") == "datasource":
+        out.pop("datasource", None)
+    elif "datasource" in out or out.get("type") == "query":
         out["datasource"] = _ds(out.get("datasource"))
     current = out.get("current")
     if isinstance(current, dict) and "text" in current and "value" in current:

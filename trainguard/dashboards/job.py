@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from grafanalib.core import Dashboard
 
-from trainguard.dashboards.common import dashboard, incident_annotation, job_variable
+from trainguard.dashboards.common import dashboard, incident_annotation, job_variables
 from trainguard.dashboards.panels import Grid, heatmap, stat, timeseries
 
 JOB = 'job_id="$job"'
+RANK = f'{JOB}, rank=~"$rank"'
 
 
 def build() -> Dashboard:
@@ -19,15 +20,15 @@ def build() -> Dashboard:
     g.add(stat("Checkpoint age",
                f'time() - max(trainguard_checkpoint_last_timestamp_seconds{{{JOB}, '
                f'action=~"written|verified"}})', unit="s"), w=6, h=4)
-    g.add(stat("Ranks reporting", f"count(trainguard_step_compute_ms{{{JOB}}})"), w=6, h=4)
-    g.add(heatmap("Step compute time per rank", f"trainguard_step_compute_ms{{{JOB}}}",
-                  "{{rank}}", unit="ms",
-                  description="One row per rank, colour = latest compute_ms."), w=24, h=10)
+    g.add(stat("Ranks reporting", f"count(trainguard_step_compute_seconds{{{JOB}}})"), w=6, h=4)
+    g.add(heatmap("Step compute time per rank", f"trainguard_step_compute_seconds{{{RANK}}}",
+                  "{{rank}}", unit="s",
+                  description="One row per rank, colour = latest compute time."), w=24, h=10)
     g.add(timeseries("Straggler ratio (rank / peer median)",
-                     [(f"trainguard_straggler_ratio{{{JOB}}}", "rank {{rank}}")],
+                     [(f"trainguard_straggler_ratio{{{RANK}}}", "rank {{rank}}")],
                      description="Evidence of the open straggler verdicts; gone when resolved."))
-    g.add(timeseries("Step compute time", [(f"trainguard_step_compute_ms{{{JOB}}}",
-                                            "rank {{rank}}")], unit="ms"))
+    g.add(timeseries("Step compute time", [(f"trainguard_step_compute_seconds{{{RANK}}}",
+                                            "rank {{rank}}")], unit="s"))
     return dashboard("tg-job", "trainguard / Job", "One job's ranks, stragglers and progress.",
-                     g.panels, variables=[job_variable()],
+                     g.panels, variables=job_variables(),
                      annotations=[incident_annotation(JOB)])

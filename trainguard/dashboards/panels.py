@@ -8,7 +8,7 @@ from typing import Any
 
 from grafanalib.core import GridPos, Heatmap, RowPanel, Stat, Table, Target, TimeSeries
 
-from trainguard.dashboards.datasource import PROMETHEUS_UID
+from trainguard.dashboards.datasource import UID
 
 Query = tuple[str, str]  # (PromQL, legend format)
 
@@ -16,24 +16,24 @@ Query = tuple[str, str]  # (PromQL, legend format)
 def targets(queries: Sequence[Query], *, fmt: str = "time_series",
             instant: bool = False) -> list[Target]:
     return [Target(expr=expr, legendFormat=legend, refId=chr(ord("A") + i), format=fmt,
-                   instant=instant, datasource=PROMETHEUS_UID)
+                   instant=instant, datasource=UID)
             for i, (expr, legend) in enumerate(queries)]
 
 
 def timeseries(title: str, queries: Sequence[Query], *, unit: str = "short",
                description: str = "") -> TimeSeries:
-    return TimeSeries(title=title, description=description, dataSource=PROMETHEUS_UID,
+    return TimeSeries(title=title, description=description, dataSource=UID,
                       targets=targets(queries), unit=unit)
 
 
 def stat(title: str, expr: str, *, unit: str = "none", description: str = "") -> Stat:
-    return Stat(title=title, description=description, dataSource=PROMETHEUS_UID,
+    return Stat(title=title, description=description, dataSource=UID,
                 targets=targets([(expr, "")]), format=unit, reduceCalc="lastNotNull")
 
 
 def table(title: str, queries: Sequence[Query], *, unit: str = "", description: str = "",
           ) -> Table:
-    return Table(title=title, description=description, dataSource=PROMETHEUS_UID,
+    return Table(title=title, description=description, dataSource=UID,
                  targets=targets(queries, fmt="table", instant=True), unit=unit)
 
 
@@ -55,7 +55,7 @@ def heatmap(title: str, expr: str, legend: str, *, unit: str = "ms", description
         "filterValues": {"le": 1e-9},
         "showValue": "auto",
     }
-    return Heatmap(title=title, description=description, dataSource=PROMETHEUS_UID,
+    return Heatmap(title=title, description=description, dataSource=UID,
                    targets=targets([(expr, legend)], fmt="heatmap" if buckets else "time_series"),
                    dataFormat="tsbuckets", extraJson={"options": options})
 

@@ -45,14 +45,29 @@ def promtool_check_rules(files: Sequence[Path]) -> subprocess.CompletedProcess[s
 
 
 def scrape_config(targets: Mapping[str, Sequence[str]], *, interval: str = "1s",
-                  rule_files: Sequence[Path] = ()) -> dict[str, Any]:
+                  rule_files: Sequence[Path] = (),
+                  job_settings: Mapping[str, Mapping[str, Any]] | None = None
+                  ) -> dict[str, Any]:
+    """``job_settings``: more keys for a scrape job (e.g. the ``metric_relabel_configs`` the
+    deployed config gives it)."""
+    settings = job_settings or {}
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval,
                    "scrape_timeout": interval},
         "rule_files": [str(p) for p in rule_files],
-        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(addrs)}]}
+        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(addrs)}],
+                            **settings.get(job, {})}
                            for job, addrs in targets.items()],
     }
+
+
+def deployed_job(config: Path, job: str) -> dict[str, Any]:
+    """A scrape job's settings from a deployed prometheus.yml, less its name and targets."""
+    doc = yaml.safe_load(config.read_text())
+    for entry in doc.get("scrape_configs", []):
+        if entry.get("job_name") == job:
+            return {k: v for k, v in entry.items() if k not in ("job_name", "static_configs")}
+    raise PrometheusError(f"{config}: no scrape job {job!r}")
 
 
 @dataclass
@@ -67,14 +82,16 @@ class PrometheusServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, targets: Mapping[str, Sequence[str]], *, interval: str = "1s",
-              rule_files: Sequence[Path] = (), timeout_s: float = 30.0) -> str:
+              rule_files: Sequence[Path] = (), timeout_s: float = 30.0,
+              job_settings: Mapping[str, Mapping[str, Any]] | None = None) -> str:
         binary = find_binary("prometheus")
         if self.root is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="tg-prometheus-")
             self.root = Path(self._tmp.name)
         config = self.root / "prometheus.yml"
         config.write_text(yaml.safe_dump(scrape_config(targets, interval=interval,
-                                                       rule_files=rule_files)))
+                                                       rule_files=rule_files,
+                                                       job_settings=job_settings)))
         self.port = self.port or free_port()
         log = (self.root / "prometheus.log").open("wb")
         self._proc = subprocess.Popen(

@@ -189,122 +189,199 @@ def _wait(seconds: float, tick: Callable[[], None], step_s: float = 0.5) -> None
         time.sleep(min(step_s, max(0.0, end - time.monotonic())))
 
 
+@dataclass
+class _Live:
+    """What one scenario's run holds while it runs, shared by its phases."""
+
+    stack: LocalStack
+    scenario: Scenario
+    job: DrillJob
+    res: ScenarioRun
+    bar: Progress
+    ckpt: Path
+    fs: LoopFs
+    lab: VethLab | None
+    census: Census
+    tail: LogTail
+    rec: Recorder
+    injectors: list[tuple[Fault, Injector]] = field(default_factory=list)
+    undone: bool = False
+    base_epoch: int | None = None
+    fault_us: int = 0
+    window_open: int | None = None
+    last_progress: tuple[int, int] = (0, 0)  # (when, max step) of the last progress seen
+
+
 def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
             run_id: str, say: Say, signer: str) -> ScenarioRun:
+    """One scenario, in phases: set up (a context-manager stack whose unwinding is the
+    teardown), start and freeze, inject, observe until stable, close the window; then record.
+    A stop condition or a failed injection aborts (and rolls back); the teardown always runs."""
     job_id = f"{scenario.name}-{run_id}"
     sdir = run_dir / scenario.name
     sdir.mkdir(parents=True, exist_ok=True)
     res = ScenarioRun(scenario, job_id, sdir)
     if Path(scenario.source).is_file():  # the scenario as run: verify and report read this
         (sdir / "scenario.yaml").write_text(Path(scenario.source).read_text())
-    bar = Progress(say, scenario.observe.timeout_s + scenario.duration_s + 90)
-    lab = _lab(scenario, job, sdir)
-    with LoopFs(sdir / "ckpt.img", sdir / "ckpt") as fs, lab or contextlib.nullcontext():
-        ckpt = fs.mountpoint / "job"
-        ckpt.mkdir()
-        spec_text = job.write_spec(sdir / "job.yaml", job_id=job_id, ckpt_dir=ckpt,
-                                   run_dir=sdir, node=stack.node,
-                                   agent_socket=stack.agent_socket,
-                                   netns=(sdir / "netns.json", lab.addr_a) if lab else None)
-        census = Census(job_id)
-        census.start()
-        tail = LogTail(stack.config("trainguard-drill-tail"), job_id)
-        tail.start()
-        rec = Recorder(stack, job_id, run_id, scenario.name, sdir / "injections.jsonl")
-        injectors: list[tuple[Fault, Injector]] = []
-        undone = False
-        artifacts: Artifacts | None = None
+    artifacts: Artifacts | None = None
+    window_close = 0
+    with contextlib.ExitStack() as teardown:
+        live, spec_text = _set_up(teardown, stack, scenario, job, res, run_id, say)
         try:
-            stack.start_actuator(job_id, sdir / "job.yaml", launch=True)
-            _preconditions(scenario, job, tail, bar)
-            res.archive = freeze(run_id=run_id, scenario=scenario, job=job, job_id=job_id,
-                                 spec_text=spec_text, ckpt_dir=ckpt, events=tail.events(),
-                                 signer=signer, code=code_version(), rt=runtime())
-            base_epoch = view(tail.events()).epoch
-            window_open = now_us() - int(scenario.observe.before_s * 1e6)
-            node_ranks = _node_ranks(job)
-            target = Target(pids=census.pids, node_ranks=node_ranks, ckpt_root=ckpt,
-                            mountpoint=fs.mountpoint, image=fs.image, broker=stack.broker,
-                            tag=run_id, lab=lab)
-            inj = build(scenario.fault, target, scenario.rollback.action)
-            acted = inj.inject()
-            injectors.append((scenario.fault, inj))
-            rec.note(scenario.fault, "start", acted)
-            fault_us = acted.at_us
-            bar.show(scenario.name, "injected", f"{scenario.fault.kind} {acted.params}")
-            if scenario.trigger is not None:
-                trig = build(scenario.trigger, target)
-                rec.note(scenario.trigger, "start", trig.inject(),
-                         {"trigger_for": scenario.fault.kind})
-                injectors.append((scenario.trigger, trig))
-            last_progress = [now_us(), 0]
-
-            def check() -> None:
-                for name in stack.revive():
-                    res.archive.setdefault("services_revived", []).append(
-                        {"service": name, "at_us": now_us()})
-                v = view(tail.events(), base_epoch=base_epoch)
-                if v.max_step > last_progress[1]:
-                    last_progress[:] = [now_us(), v.max_step]
-                reason = stop_reason(scenario.stop_conditions, v, now_us=now_us(),
-                                     fault_us=fault_us, last_progress_us=last_progress[0],
-                                     max_live=census.max_live)
-                if reason:
-                    raise Aborted(reason)
-                bar.show(scenario.name, "observing", f"epoch {v.epoch} step {v.max_step} "
-                         f"restarts {v.epochs_after}")
-
-            _wait(scenario.duration_s, check)
-            if scenario.duration_s > 0:
-                _undo(injectors, rec, "stop")
-                undone = True
-            fault_end = now_us()
-            deadline = time.monotonic() + scenario.observe.timeout_s
-            while True:
-                check()
-                if stable(view(tail.events(), since_us=fault_end), job.world,
-                          scenario.observe.settle_steps):
-                    break
-                if time.monotonic() > deadline:
-                    raise Aborted(f"timeout: not stable {scenario.observe.timeout_s:g} s "
-                                  "after the fault")
-                time.sleep(0.5)
-            bar.show(scenario.name, "stable", "letting the last events land")
-            _wait(6.0, lambda: None)
+            _start_and_freeze(live, run_id, spec_text, signer)
+            _inject(live, run_id)
+            _observe(live)
         except (Aborted, InjectionError) as exc:
             res.abort = f"{type(exc).__name__}: {exc}"
-            bar.show(scenario.name, "aborted", str(exc))
+            live.bar.show(scenario.name, "aborted", str(exc))
         finally:
-            held = FAULT_KINDS[scenario.fault.kind].held
-            if injectors and not undone and (held or res.abort):
-                try:
-                    _undo(injectors, rec, "rollback" if res.abort else "stop")
-                except InjectionError as exc:
-                    res.abort = (res.abort or "") + f"; rollback failed: {exc}"
-            try:  # on disk as the window closes (the job may still be saving)
-                artifacts = collect_settled(ckpt, census)
-            except OSError as exc:
-                res.abort = (res.abort or "") + f"; checkpoint directory unreadable: {exc}"
+            artifacts = _close_window(live)
             window_close = now_us()  # the teardown below is not part of the drill
-            stack.stop(f"actuator-{job_id}")
-            _stop_job(census)
-            _remove_cgroups(job_id)
-            census.stop()
-            settled_log(tail.events)  # the incident service has decided the window's tail
-            tail.stop()
-            rec.flush(30)
-            bar.done()
-        res.archive.setdefault("run_id", run_id)
-        res.archive["window"] = {"opened_us": locals().get("window_open"),
-                                 "closed_us": window_close}
-        res.archive["artifacts"] = artifacts.to_dict() if artifacts else None
-        res.archive["abort"] = res.abort
-        res.archive["unsent_injections"] = len(rec.pending)
-    events = read_job_log(stack.config("trainguard-drill-record"), job_id)
-    write_jsonl(sdir / "events.jsonl", events)
+            _stop_everything(live)
+        # The context stack unwinds here: census, settled log, tail, recorder, lab, file system.
+    res.archive.setdefault("run_id", run_id)
+    res.archive["window"] = {"opened_us": live.window_open, "closed_us": window_close}
+    res.archive["artifacts"] = artifacts.to_dict() if artifacts else None
+    res.archive["abort"] = res.abort
+    res.archive["unsent_injections"] = len(live.rec.pending)
+    return _record(stack, res)
+
+
+def _set_up(teardown: contextlib.ExitStack, stack: LocalStack, scenario: Scenario,
+            job: DrillJob, res: ScenarioRun, run_id: str, say: Say) -> tuple[_Live, str]:
+    """The scenario's file system, lab, job spec and watchers, each registered for teardown in
+    the order it must be undone (last registered, first undone)."""
+    sdir = res.dir
+    bar = Progress(say, scenario.observe.timeout_s + scenario.duration_s + 90)
+    teardown.callback(bar.done)
+    lab = _lab(scenario, job, sdir)
+    fs = teardown.enter_context(LoopFs(sdir / "ckpt.img", sdir / "ckpt"))
+    if lab is not None:
+        teardown.enter_context(lab)
+    ckpt = fs.mountpoint / "job"
+    ckpt.mkdir()
+    spec_text = job.write_spec(sdir / "job.yaml", job_id=res.job_id, ckpt_dir=ckpt,
+                               run_dir=sdir, node=stack.node, agent_socket=stack.agent_socket,
+                               netns=(sdir / "netns.json", lab.addr_a) if lab else None)
+    rec = Recorder(stack, res.job_id, run_id, scenario.name, sdir / "injections.jsonl")
+    teardown.callback(rec.flush, 30)
+    tail = LogTail(stack.config("trainguard-drill-tail"), res.job_id)
+    tail.start()
+    teardown.callback(tail.stop)
+    # Before the tail stops: the incident service has decided the window's tail.
+    teardown.callback(settled_log, tail.events)
+    census = Census(res.job_id)
+    census.start()
+    teardown.callback(census.stop)
+    live = _Live(stack=stack, scenario=scenario, job=job, res=res, bar=bar, ckpt=ckpt, fs=fs,
+                 lab=lab, census=census, tail=tail, rec=rec)
+    return live, spec_text
+
+
+def _start_and_freeze(live: _Live, run_id: str, spec_text: str, signer: str) -> None:
+    """The actuator launches the job; once the preconditions hold, the archives are frozen."""
+    scenario, res = live.scenario, live.res
+    live.stack.start_actuator(res.job_id, res.dir / "job.yaml", launch=True)
+    _preconditions(scenario, live.job, live.tail, live.bar)
+    res.archive = freeze(run_id=run_id, scenario=scenario, job=live.job, job_id=res.job_id,
+                         spec_text=spec_text, ckpt_dir=live.ckpt, events=live.tail.events(),
+                         signer=signer, code=code_version(), rt=runtime())
+    live.base_epoch = view(live.tail.events()).epoch
+    live.window_open = now_us() - int(scenario.observe.before_s * 1e6)
+
+
+def _inject(live: _Live, run_id: str) -> None:
+    """The fault (and its trigger), each an ``injection`` event."""
+    scenario = live.scenario
+    target = Target(pids=live.census.pids, node_ranks=_node_ranks(live.job), ckpt_root=live.ckpt,
+                    mountpoint=live.fs.mountpoint, image=live.fs.image,
+                    broker=live.stack.broker, tag=run_id, lab=live.lab)
+    inj = build(scenario.fault, target, scenario.rollback.action)
+    acted = inj.inject()
+    live.injectors.append((scenario.fault, inj))
+    live.rec.note(scenario.fault, "start", acted)
+    live.fault_us = acted.at_us
+    live.bar.show(scenario.name, "injected", f"{scenario.fault.kind} {acted.params}")
+    if scenario.trigger is not None:
+        trig = build(scenario.trigger, target)
+        live.rec.note(scenario.trigger, "start", trig.inject(),
+                      {"trigger_for": scenario.fault.kind})
+        live.injectors.append((scenario.trigger, trig))
+    live.last_progress = (now_us(), 0)
+
+
+def _check(live: _Live) -> None:
+    """One look at the loop while observing: revive crashed services, note progress, abort on
+    a stop condition."""
+    scenario = live.scenario
+    for name in live.stack.revive():
+        live.res.archive.setdefault("services_revived", []).append(
+            {"service": name, "at_us": now_us()})
+    v = view(live.tail.events(), base_epoch=live.base_epoch)
+    if v.max_step > live.last_progress[1]:
+        live.last_progress = (now_us(), v.max_step)
+    reason = stop_reason(scenario.stop_conditions, v, now_us=now_us(), fault_us=live.fault_us,
+                         last_progress_us=live.last_progress[0],
+                         max_live=live.census.max_live)
+    if reason:
+        raise Aborted(reason)
+    live.bar.show(scenario.name, "observing", f"epoch {v.epoch} step {v.max_step} "
+                  f"restarts {v.epochs_after}")
+
+
+def _observe(live: _Live) -> None:
+    """Hold the fault for its duration, roll it back, then wait until the job is stable."""
+    scenario = live.scenario
+    _wait(scenario.duration_s, lambda: _check(live))
+    if scenario.duration_s > 0:
+        _undo(live.injectors, live.rec, "stop")
+        live.undone = True
+    fault_end = now_us()
+    deadline = time.monotonic() + scenario.observe.timeout_s
+    while True:
+        _check(live)
+        if stable(view(live.tail.events(), since_us=fault_end), live.job.world,
+                  scenario.observe.settle_steps):
+            break
+        if time.monotonic() > deadline:
+            raise Aborted(f"timeout: not stable {scenario.observe.timeout_s:g} s "
+                          "after the fault")
+        time.sleep(0.5)
+    live.bar.show(scenario.name, "stable", "letting the last events land")
+    _wait(6.0, lambda: None)
+
+
+def _close_window(live: _Live) -> Artifacts | None:
+    """Roll back what is still held (or everything, after an abort) and read the checkpoint
+    directory as the window closes (the job may still be saving)."""
+    res = live.res
+    held = FAULT_KINDS[live.scenario.fault.kind].held
+    if live.injectors and not live.undone and (held or res.abort):
+        try:
+            _undo(live.injectors, live.rec, "rollback" if res.abort else "stop")
+        except InjectionError as exc:
+            res.abort = (res.abort or "") + f"; rollback failed: {exc}"
+    try:
+        return collect_settled(live.ckpt, live.census)
+    except OSError as exc:
+        res.abort = (res.abort or "") + f"; checkpoint directory unreadable: {exc}"
+        return None
+
+
+def _stop_everything(live: _Live) -> None:
+    """The scenario's actuator, its job's ranks and their cgroups."""
+    live.stack.stop(f"actuator-{live.res.job_id}")
+    _stop_job(live.census)
+    _remove_cgroups(live.res.job_id)
+
+
+def _record(stack: LocalStack, res: ScenarioRun) -> ScenarioRun:
+    """The job's log and the archive, on disk for verify and report."""
+    events = read_job_log(stack.config("trainguard-drill-record"), res.job_id)
+    write_jsonl(res.dir / "events.jsonl", events)
     res.max_step = max((getattr(e.payload, "step", 0) for e in events
                         if e.type == "step.report"), default=0)
-    (sdir / "archive.json").write_text(json.dumps(res.archive, indent=1, sort_keys=True))
+    (res.dir / "archive.json").write_text(json.dumps(res.archive, indent=1, sort_keys=True))
     return res
 
 

@@ -37,8 +37,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-import yaml
+from trainguard.configfile import ConfigFileError, finite_in, load_yaml, show
 
+MAX_NUMBER: Final = 1e9  # no number in a scenario is larger (seconds, counts, ratios)
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
@@ -202,6 +203,9 @@ class _Ctx:
         if not ok or isinstance(value, bool):
             kind = "an integer" if integer else "a number"
             raise self.fail(field_name, f"must be {kind} (got {value!r})")
+        if not finite_in(value, -MAX_NUMBER, MAX_NUMBER):
+            raise self.fail(field_name, f"must be finite and at most {MAX_NUMBER:g} "
+                            f"(got {show(value)})")
         if value < minimum:
             raise self.fail(field_name, f"must be >= {minimum} (got {value!r})")
         return float(value)
@@ -379,11 +383,9 @@ def _tolerance(ctx: _Ctx, doc: Any) -> Tolerance:
 
 def load_scenario(path: Path) -> Scenario:
     try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise ScenarioError(str(path), "?", "<file>", f"cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError(str(path), "?", "<file>", f"not YAML: {exc}") from None
+        doc = load_yaml(path)
+    except ConfigFileError as exc:
+        raise ScenarioError(str(path), "?", "<file>", exc.reason) from None
     return parse_scenario(doc, str(path))
 
 

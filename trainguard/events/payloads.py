@@ -111,6 +111,9 @@ class ProcessSample(Payload):
     pid: Annotated[int, Field(gt=0)]
     rank: Count | None = None
     job_id: str | None = None
+    # The GPU index (on this node) the rank uses, from its environment: the one device of
+    # CUDA_VISIBLE_DEVICES, else LOCAL_RANK; None when neither says.
+    gpu: Count | None = None
     state: ProcessState
     exit_code: int | None = None
     cpu_pct: NonNegFinite | None = None

@@ -12,6 +12,8 @@ from trainguard.events.payloads import (
     Command,
     CommandOutcome,
     IncidentTransition,
+    NodeTelemetry,
+    ProcessState,
     StepReport,
     Verdict,
     VerdictState,
@@ -66,6 +68,8 @@ class Recorder:
             self.metrics.outcomes.labels(p.action.value, p.status.value).inc()
         elif isinstance(p, IncidentTransition):
             self._transition(event, p)
+        elif isinstance(p, NodeTelemetry):
+            self._ranks_on_gpus(event, p)
         elif isinstance(p, CheckpointEvent):
             labels = (event.job_id, p.action.value)
             self.expiry.set(self.metrics.checkpoint_step, labels, p.step, event.event_time)
@@ -74,11 +78,26 @@ class Recorder:
 
     def _step(self, event: Event, p: StepReport) -> None:
         m = self.metrics
-        self.expiry.set(m.step_compute, (event.job_id, str(p.rank)), p.compute_ms,
+        self.expiry.set(m.step_compute, (event.job_id, str(p.rank)), p.compute_ms / 1000,
                         event.event_time)
         if event.event_time >= self._latest_step_time.get(event.job_id, 0):
             self._latest_step_time[event.job_id] = event.event_time
             self.expiry.set(m.last_step, (event.job_id,), p.step, event.event_time)
+
+    def _ranks_on_gpus(self, event: Event, p: NodeTelemetry) -> None:
+        """``trainguard_rank_info{job_id, rank, node, gpu} 1`` for each live rank process whose
+        GPU is known; it expires with the series TTL once the rank is no longer seen."""
+        node = event.subject.node
+        if node is None:
+            return
+        for proc in p.processes:
+            if proc.rank is None or proc.gpu is None or proc.job_id is None:
+                continue
+            labels = (proc.job_id, str(proc.rank), node, str(proc.gpu))
+            if proc.state in (ProcessState.EXITED, ProcessState.ZOMBIE):
+                self.expiry.remove(self.metrics.rank_info, labels)
+            else:
+                self.expiry.set(self.metrics.rank_info, labels, 1, event.event_time)
 
     def _verdict(self, event: Event, p: Verdict) -> None:
         self.metrics.verdicts.labels(p.kind, p.state.value, p.severity.value).inc()

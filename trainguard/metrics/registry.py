@@ -65,9 +65,14 @@ class PipelineMetrics:
         self.dlq = Counter("trainguard_dlq_records_total",
                            "Dead letters, by the topic they were refused from and by whom",
                            ["source_topic", "consumer"], registry=r)
-        self.step_compute = Gauge("trainguard_step_compute_ms",
+        self.step_compute = Gauge("trainguard_step_compute_seconds",
                                   "Latest step compute time per job and rank",
                                   ["job_id", "rank"], registry=r)
+        self.rank_info = Gauge(
+            "trainguard_rank_info",
+            "1 for each rank process seen on a node's GPU: joins node/GPU metrics (dcgm-exporter "
+            "relabelled Hostname -> node) to job and rank with group_left",
+            ["job_id", "rank", "node", "gpu"], registry=r)
         self.last_step = Gauge("trainguard_job_last_step",
                                "Step of the job's latest step report (by event time)",
                                ["job_id"], registry=r)

@@ -55,9 +55,9 @@ class MetricsService:
             enable_auto_commit=False, auto_offset_reset=self.from_offset,
             isolation_level="read_committed")
         admin = AIOKafkaAdminClient(**self.config.client_kwargs())
-        await consumer.start()
-        await admin.start()
         try:
+            await consumer.start()
+            await admin.start()
             await self._loop(consumer, admin)
         finally:
             await admin.close()

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 Check = Callable[[Any], str | None]
+# The largest magnitude any number in a rule file may have (ms, steps, counts, ratios): far
+# beyond any sensible setting, small enough that every evaluator's arithmetic stays exact.
+LIMIT = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,9 @@ def between(lo: float, hi: float) -> Check:
 
 
 def int_list(v: Any) -> str | None:
-    ok = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-    return None if ok else "must be a list of integers"
+    ok = isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                     and 0 <= x <= LIMIT for x in v)
+    return None if ok else f"must be a list of integers from 0 to {LIMIT:g}"
 
 
 def str_list(v: Any) -> str | None:

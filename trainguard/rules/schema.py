@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
+from trainguard.configfile import ConfigFileError, finite_in, parse_yaml, read_text, show
 from trainguard.events.payloads import Severity
-from trainguard.rules.params import KINDS, NUM, PARAMS
+from trainguard.rules.params import KINDS, LIMIT, NUM, PARAMS
 
 _ID = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 _RULE_KEYS = {"id", "kind", "enabled", "severity", "parameters", "description"}
@@ -101,13 +101,19 @@ def _check_value(value: Any, kind: type | tuple[type, ...]) -> bool:
     return isinstance(value, kind)
 
 
+def _in_range(value: Any, kind: type | tuple[type, ...]) -> bool:
+    """Every number finite and of a size the evaluators can turn into microseconds and counts
+    exactly (``floor_ms: .inf`` would pass ``> 0`` and overflow at run time)."""
+    return kind not in (int, NUM) or finite_in(value, -LIMIT, LIMIT)
+
+
 def _parse_rule(doc: Any, where: str, problems: list[str]) -> RuleSpec | None:
     if not isinstance(doc, dict):
-        problems.append(f"{where}: must be a mapping (got {doc!r})")
+        problems.append(f"{where}: must be a mapping (got {show(doc)})")
         return None
     rid = doc.get("id")
-    if not isinstance(rid, str) or not _ID.match(rid):
-        problems.append(f"{where}: field 'id': must match {_ID.pattern} (got {rid!r})")
+    if not isinstance(rid, str) or not _ID.fullmatch(rid):
+        problems.append(f"{where}: field 'id': must match {_ID.pattern} (got {show(rid)})")
         return None
     here = f"{where.split(':')[0]}: rule '{rid}'"
     before = len(problems)
@@ -115,24 +121,28 @@ def _parse_rule(doc: Any, where: str, problems: list[str]) -> RuleSpec | None:
         problems.append(f"{here}: field '{key}': unknown field")
     kind = doc.get("kind")
     if kind not in KINDS:
-        problems.append(f"{here}: field 'kind': must be one of {', '.join(KINDS)} (got {kind!r})")
+        problems.append(f"{here}: field 'kind': must be one of {', '.join(KINDS)} "
+                        f"(got {show(kind)})")
         return None
+    if not isinstance(doc.get("description", ""), str):
+        problems.append(f"{here}: field 'description': must be a string "
+                        f"(got {show(doc['description'])})")
     enabled = doc.get("enabled", True)
     if not isinstance(enabled, bool):
-        problems.append(f"{here}: field 'enabled': must be true or false (got {enabled!r})")
+        problems.append(f"{here}: field 'enabled': must be true or false (got {show(enabled)})")
     sev_raw = doc.get("severity", "warning")
     try:
         severity = Severity(sev_raw)
-    except ValueError:
+    except (ValueError, TypeError):
         problems.append(f"{here}: field 'severity': must be one of info, warning, critical "
-                        f"(got {sev_raw!r})")
+                        f"(got {show(sev_raw)})")
         severity = Severity.WARNING
     given = doc.get("parameters", {}) or {}
     if not isinstance(given, dict):
-        problems.append(f"{here}: field 'parameters': must be a mapping (got {given!r})")
+        problems.append(f"{here}: field 'parameters': must be a mapping (got {show(given)})")
         return None
     specs = {p.name: p for p in PARAMS[kind]}
-    for key in sorted(set(given) - set(specs)):
+    for key in sorted(map(str, set(given) - set(specs))):
         problems.append(f"{here}: field '{key}': unknown parameter for kind '{kind}' "
                         f"(known: {', '.join(specs)})")
     params: dict[str, Any] = {}
@@ -140,12 +150,16 @@ def _parse_rule(doc: Any, where: str, problems: list[str]) -> RuleSpec | None:
         value = given.get(name, spec.default)
         if not _check_value(value, spec.kind):
             problems.append(f"{here}: field '{name}': must be {_typename(spec.kind)} "
-                            f"(got {value!r})")
+                            f"(got {show(value)})")
+            continue
+        if not _in_range(value, spec.kind):
+            problems.append(f"{here}: field '{name}': must be finite and within +-{LIMIT:g} "
+                            f"(got {show(value)})")
             continue
         if spec.check is not None:
             msg = spec.check(value)
             if msg:
-                problems.append(f"{here}: field '{name}': {msg} (got {value!r})")
+                problems.append(f"{here}: field '{name}': {msg} (got {show(value)})")
                 continue
         params[name] = float(value) if spec.kind == NUM else value
     if "k" in params and "n" in params and params["k"] > params["n"]:
@@ -153,7 +167,7 @@ def _parse_rule(doc: Any, where: str, problems: list[str]) -> RuleSpec | None:
     for name in ("app_severity", "other_severity"):
         if name in params and params[name] not in {s.value for s in Severity}:
             problems.append(f"{here}: field '{name}': must be one of info, warning, critical "
-                            f"(got {params[name]!r})")
+                            f"(got {show(params[name])})")
     if len(problems) > before:
         return None
     return RuleSpec(rid, kind, bool(enabled), severity, params)
@@ -162,21 +176,26 @@ def _parse_rule(doc: Any, where: str, problems: list[str]) -> RuleSpec | None:
 def parse_rules(text: str, name: str = "<memory>") -> RuleSet:
     """Parse and validate a rule file's text; ``name`` is used in error messages."""
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RuleError([f"{name}: not valid YAML: {exc}"]) from None
+        doc = parse_yaml(text, name)
+    except ConfigFileError as exc:
+        raise RuleError([str(exc)]) from None
     if not isinstance(doc, dict):
-        raise RuleError([f"{name}: must be a mapping with a 'rules' list (got {doc!r})"])
+        raise RuleError([f"{name}: must be a mapping with a 'rules' list (got {show(doc)})"])
     problems: list[str] = [f"{name}: field '{k}': unknown top-level field"
-                           for k in sorted(set(doc) - _TOP_KEYS)]
+                           for k in sorted(map(str, set(doc) - _TOP_KEYS))]
     lateness = doc.get("allowed_lateness_ms", 2000)
-    if isinstance(lateness, bool) or not isinstance(lateness, NUM) or lateness < 0:
-        problems.append(f"{name}: field 'allowed_lateness_ms': must be a number >= 0 "
-                        f"(got {lateness!r})")
+    if not finite_in(lateness, 0, LIMIT):
+        problems.append(f"{name}: field 'allowed_lateness_ms': must be a number from 0 to "
+                        f"{LIMIT:g} (got {show(lateness)})")
         lateness = 0
+    label = doc.get("rules_version_label", "")
+    if not isinstance(label, str | int | float):
+        problems.append(f"{name}: field 'rules_version_label': must be text "
+                        f"(got {show(label)})")
     raw_rules = doc.get("rules")
     if not isinstance(raw_rules, list):
-        raise RuleError([*problems, f"{name}: field 'rules': must be a list (got {raw_rules!r})"])
+        raise RuleError([*problems, f"{name}: field 'rules': must be a list "
+                                    f"(got {show(raw_rules)})"])
     rules: list[RuleSpec] = []
     seen: set[str] = set()
     for i, item in enumerate(raw_rules):
@@ -194,7 +213,11 @@ def parse_rules(text: str, name: str = "<memory>") -> RuleSet:
 
 def load_rules(path: str | Path) -> RuleSet:
     p = Path(path)
-    return parse_rules(p.read_text(encoding="utf-8"), p.name)
+    try:
+        text = read_text(p)
+    except ConfigFileError as exc:
+        raise RuleError([str(exc)]) from None
+    return parse_rules(text, p.name)
 
 
 def load_default_rules() -> RuleSet:

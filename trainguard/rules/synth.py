@@ -18,6 +18,7 @@ from trainguard.events.payloads import (
     NodeHealthKind,
     NodeTelemetry,
     ProcessExit,
+    ProcessSample,
     StepReport,
 )
 
@@ -70,8 +71,10 @@ def node_health(job: str, node: str, kind: NodeHealthKind, t: int, *, code: int 
 
 
 def telemetry(job: str, node: str, t: int, seq: int, gpus: Sequence[GpuSample] = (),
-              nics: Sequence[NicSample] = ()) -> Event:
-    payload = NodeTelemetry(interval_ms=1000.0, seq=seq, gpus=list(gpus), nics=list(nics))
+              nics: Sequence[NicSample] = (),
+              processes: Sequence[ProcessSample] = ()) -> Event:
+    payload = NodeTelemetry(interval_ms=1000.0, seq=seq, gpus=list(gpus), nics=list(nics),
+                            processes=list(processes))
     return make_event(payload, event_id=derived_id("synth-tel", job, node, seq), job_id=job,
                       event_time=t, source=SRC, subject=Subject(node=node))
 

@@ -1,0 +1,90 @@
+"""Slurm's CLI output parsed: captured from the real slurm-wlm 22.05 (tests/fixtures/slurm)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainguard.actuators.slurm_view import (
+    NodeHealth,
+    SlurmParseError,
+    expand_hostlist,
+    parse_keyvalues,
+    parse_scontrol_steps,
+    parse_sinfo_json,
+    parse_squeue_json,
+    pool,
+    steps_on,
+)
+
+pytestmark = pytest.mark.unit
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+def test_nodes_from_sinfo_json() -> None:
+    nodes = {n.name: n for n in parse_sinfo_json((FIX / "sinfo_drain.json").read_text())}
+    assert sorted(nodes) == ["tgn1", "tgn2", "tgn3", "tgn4"]
+    assert nodes["tgn2"].health is NodeHealth.DRAINING
+    assert nodes["tgn2"].reason == "tg incident i-123"
+    assert nodes["tgn4"].features == ("spare",)
+    assert nodes["tgn1"].address == "10.252.0.11"
+    assert nodes["tgn3"].health is NodeHealth.USABLE
+
+
+def test_jobs_from_squeue_json_and_the_pool() -> None:
+    jobs = {j.job_id: j for j in parse_squeue_json((FIX / "squeue_running.json").read_text())}
+    assert jobs[3].state == "RUNNING" and jobs[3].nodes == ("tgn1", "tgn3")
+    nodes = parse_sinfo_json((FIX / "sinfo_drain.json").read_text())
+    p = pool(nodes, jobs[3])
+    assert [n.name for n in p.allocation] == ["tgn1", "tgn3"]
+    assert [n.name for n in p.spares] == ["tgn4"]
+    assert p.lost == ()
+
+
+def test_steps_from_scontrol() -> None:
+    steps = parse_scontrol_steps((FIX / "scontrol_steps.txt").read_text())
+    assert [(s.step_id, s.state, s.nodes) for s in steps] == [
+        ("3.batch", "RUNNING", ("tgn1",)), ("3.0", "RUNNING", ("tgn1", "tgn3"))]
+    assert steps_on(steps, 3) == steps and steps_on(steps, 4) == []
+    assert parse_scontrol_steps("No job steps in the system\n") == []
+
+
+def test_keyvalues_keep_values_with_spaces() -> None:
+    f = parse_keyvalues("NodeName=n1 OS=Linux 6.1 #1 SMP Reason=tg incident i-1 [root@x] "
+                        "SrunHost:Pid=vm:1")
+    assert f == {"NodeName": "n1", "OS": "Linux 6.1 #1 SMP", "Reason": "tg incident i-1 [root@x]",
+                 "SrunHost:Pid": "vm:1"}
+
+
+def test_hostlists() -> None:
+    assert expand_hostlist("tgn[1-3,10],login") == ("tgn1", "tgn2", "tgn3", "tgn10", "login")
+    assert expand_hostlist("n[08-10]") == ("n08", "n09", "n10")
+    assert expand_hostlist("") == ()
+    for bad in ("n[3-1]", "n[a]", "n[1", "n]1"):
+        with pytest.raises(SlurmParseError):
+            expand_hostlist(bad)
+
+
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=40, unique=True))
+def test_hostlist_ranges_expand_to_their_members(nums: list[int]) -> None:
+    nums = sorted(nums)
+    text = "gpu[" + ",".join(str(n) for n in nums) + "]"
+    assert expand_hostlist(text) == tuple(f"gpu{n}" for n in nums)
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"nodes": 3}', '{"nodes": [1]}',
+                                  '{"errors": ["x"], "nodes": []}'])
+def test_bad_json_is_a_parse_error(text: str) -> None:
+    with pytest.raises(SlurmParseError, match="sinfo --json"):
+        parse_sinfo_json(text)
+
+
+@given(st.text(max_size=200))
+def test_steps_parser_never_raises_anything_else(text: str) -> None:
+    try:
+        parse_scontrol_steps(text)
+    except SlurmParseError:
+        pass

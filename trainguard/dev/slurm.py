@@ -1,0 +1,474 @@
+"""A real Slurm cluster on this machine: munge, slurmctld on the head and one slurmd per "node",
+each node a network namespace with its own address on a bridge.
+
+What runs is Debian's ``slurm-wlm`` (22.05) and ``munge``, unmodified, as plain processes:
+
+- a bridge ``tgsbr0`` in the host namespace holds the head's address (``10.252.0.1/24``);
+- node ``i`` is the namespace ``tgs-<name>`` with one end of a veth pair on the bridge and its own
+  address ``10.252.0.(10+i)``; its slurmd is started inside it with ``-N <name>`` (every node
+  shares this machine's hostname, so the node name is given, never guessed);
+- one munged, run as the ``munge`` user on its own socket, serves every daemon and client (a unix
+  socket is a file: the namespaces share it);
+- slurmctld runs on the head, on the bridge address, so the nodes reach it as they would a real
+  controller, and ``scontrol``/``srun``/``sbatch`` on the head use the generated ``slurm.conf``
+  (``SLURM_CONF``);
+- a shared directory ``<state>/shared`` stands for the job's reliable storage (checkpoints). In
+  production this is a parallel or network filesystem every node mounts (Lustre, GPFS, NFS) or an
+  object store; here every namespace sees the same directory because namespaces share the mount
+  table.
+
+The last ``spares`` nodes carry the feature ``spare``: jobs are placed on the others
+(``--constraint=!spare`` is not needed: the job names its nodes) and a spare is what a lost node is
+swapped for.
+
+Settings forced by this kernel and machine (found by running it): the cgroup layout is hybrid, so
+``cgroup.conf`` says ``CgroupPlugin=cgroup/v1``, processes are tracked by
+``proctrack/linuxproc`` and ``TaskPlugin=task/none``; ``SlurmctldHost`` is this machine's hostname
+with the bridge address in parentheses; ``SlurmdParameters=config_overrides`` keeps a node whose
+real core count differs from its configured one in service. No accounting daemon runs
+(``AccountingStorageType=accounting_storage/none``), so ``sacct`` has no records here: a step is
+confirmed gone through ``squeue``/``scontrol``.
+
+``start`` is idempotent (a running, answering cluster is left as it is) and first sweeps whatever
+an earlier crashed run left (daemons by pid file and by namespace, namespaces, the bridge).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trainguard.dev.paths import state_dir
+
+BRIDGE = "tgsbr0"
+NETNS_PREFIX = "tgs-"
+SUBNET = "10.252.0"  # /24; the drills' veth labs use 10.200-250.x, so never this one
+HEAD_ADDR = f"{SUBNET}.1"
+CLUSTER_NAME = "tgdev"
+SLURMCTLD_PORT = 6817
+SLURMD_PORT = 6818
+RDZV_PORT = 29400
+MUNGE_DIR = Path("/run/trainguard-munge")  # munged runs as `munge`: it must reach this path
+TOOLS = ("slurmctld", "slurmd", "scontrol", "sinfo", "srun", "squeue", "scancel", "munged",
+         "ip")
+MAX_NODES = 200
+
+
+class SlurmError(RuntimeError):
+    """The cluster could not be set up or asked; the message says which step and why."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What to run: ``nodes`` job nodes and ``spares`` spare nodes, named ``tgn1..``."""
+
+    nodes: int
+    spares: int = 0
+    cpus_per_node: int = 2
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.spares < 0 or self.nodes + self.spares > MAX_NODES:
+            raise SlurmError(f"nodes: need 1 <= nodes and 0 <= spares and nodes + spares <= "
+                             f"{MAX_NODES} (got nodes={self.nodes} spares={self.spares})")
+        if self.cpus_per_node < 1:
+            raise SlurmError(f"cpus_per_node: must be >= 1 (got {self.cpus_per_node})")
+
+    @property
+    def names(self) -> list[str]:
+        return [f"tgn{i}" for i in range(1, self.nodes + self.spares + 1)]
+
+    @property
+    def spare_names(self) -> list[str]:
+        return self.names[self.nodes:]
+
+    def address(self, name: str) -> str:
+        return f"{SUBNET}.{10 + self.names.index(name) + 1}"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    address: str
+    netns: str
+    spare: bool
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What a running cluster is, as ``status`` prints it (and as tests and drills read it)."""
+
+    conf: str
+    shared_dir: str
+    head_address: str
+    nodes: tuple[Node, ...]
+    ctld_pid: int
+    munge_socket: str
+    started_at: float
+    rdzv_endpoint: str = f"{HEAD_ADDR}:{RDZV_PORT}"
+
+    def env(self) -> dict[str, str]:
+        """Variables a Slurm client on the head needs."""
+        return {"SLURM_CONF": self.conf}
+
+    @staticmethod
+    def from_json(doc: dict[str, object]) -> ClusterInfo:
+        raw_nodes = doc["nodes"]
+        assert isinstance(raw_nodes, list)
+        nodes = tuple(Node(**n) for n in raw_nodes)
+        return ClusterInfo(conf=str(doc["conf"]), shared_dir=str(doc["shared_dir"]),
+                           head_address=str(doc["head_address"]), nodes=nodes,
+                           ctld_pid=int(str(doc["ctld_pid"])),
+                           munge_socket=str(doc["munge_socket"]),
+                           started_at=float(str(doc["started_at"])),
+                           rdzv_endpoint=str(doc["rdzv_endpoint"]))
+
+
+# ---- pure: the files -------------------------------------------------------------------------
+
+def slurm_conf(spec: ClusterSpec, root: Path, hostname: str, munge_socket: Path) -> str:
+    """The cluster's ``slurm.conf``: every path under ``root``, nodes on the bridge subnet."""
+    lines = [
+        f"ClusterName={CLUSTER_NAME}",
+        f"SlurmctldHost={hostname}({HEAD_ADDR})",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={munge_socket}",
+        f"StateSaveLocation={root / 'ctld'}",
+        f"SlurmdSpoolDir={root / 'spool' / '%n'}",
+        f"SlurmctldPidFile={root / 'slurmctld.pid'}",
+        f"SlurmdPidFile={root / 'slurmd-%n.pid'}",
+        f"SlurmctldLogFile={root / 'slurmctld.log'}",
+        f"SlurmdLogFile={root / 'slurmd-%n.log'}",
+        f"SlurmctldPort={SLURMCTLD_PORT}",
+        f"SlurmdPort={SLURMD_PORT}",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "SchedulerType=sched/backfill",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        # A node is declared DOWN 10 s after its slurmd stops answering (pings every ~3 s).
+        "SlurmdTimeout=10",
+        "SlurmctldTimeout=10",
+        "MessageTimeout=5",
+        # A node whose slurmd comes back (registering valid) returns to service by itself.
+        "ReturnToService=2",
+        "SlurmdParameters=config_overrides",
+        "MpiDefault=none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "KillWait=5",
+    ]
+    for name in spec.names:
+        feature = " Features=spare" if name in spec.spare_names else ""
+        lines.append(f"NodeName={name} NodeAddr={spec.address(name)} "
+                     f"CPUs={spec.cpus_per_node}{feature} State=UNKNOWN")
+    # Several tasks share a node's cores here (2 real cores for the whole cluster).
+    lines.append("PartitionName=tg Nodes=ALL Default=YES MaxTime=INFINITE State=UP "
+                 "OverSubscribe=FORCE:8")
+    return "\n".join(lines) + "\n"
+
+
+def cgroup_conf() -> str:
+    # slurmd reads cgroup.conf from the directory of the slurm.conf it is given.
+    return "CgroupPlugin=cgroup/v1\nConstrainCores=no\nConstrainRAMSpace=no\n"
+
+
+def parse_node_states(text: str) -> dict[str, str]:
+    """``sinfo -h -N -o '%N %T'`` → node name → state (``idle``, ``alloc``, ``down*``...)."""
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states[parts[0]] = parts[1]
+    return states
+
+
+# ---- I/O: the cluster ------------------------------------------------------------------------
+
+def _run(argv: Sequence[str], *, timeout_s: float = 15.0, check: bool = True,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
+                              env=env)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmError(f"{' '.join(argv)}: {exc}") from None
+    if check and done.returncode != 0:
+        raise SlurmError(f"{' '.join(argv)}: exit {done.returncode}: "
+                         f"{(done.stderr or done.stdout).strip()[-400:]}")
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (a child of ours that exited) is not alive.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+    return True
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _kill(pid: int, grace_s: float = 5.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+class SlurmCluster:
+    """The dev cluster whose state lives in ``root`` (default ``$TRAINGUARD_STATE/slurm``)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = (root or state_dir() / "slurm").resolve()
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def info_file(self) -> Path:
+        return self.root / "cluster.json"
+
+    @property
+    def shared_dir(self) -> Path:
+        return self.root / "shared"
+
+    @property
+    def munge_socket(self) -> Path:
+        return MUNGE_DIR / "munge.socket"
+
+    def client_env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    # -- status -------------------------------------------------------------------------------
+
+    def info(self) -> ClusterInfo | None:
+        try:
+            return ClusterInfo.from_json(json.loads(self.info_file.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, AssertionError):
+            return None
+
+    def node_states(self) -> dict[str, str]:
+        done = _run(["sinfo", "-h", "-N", "-o", "%N %T"], env=self.client_env(), timeout_s=10)
+        return parse_node_states(done.stdout)
+
+    def running(self) -> ClusterInfo | None:
+        """The cluster if its controller runs and answers, and its nodes exist."""
+        info = self.info()
+        if info is None or not _alive(info.ctld_pid):
+            return None
+        if _run(["scontrol", "ping"], env=self.client_env(), check=False,
+                timeout_s=10).returncode != 0:
+            return None
+        namespaces = set(_netns_list())
+        if any(n.netns not in namespaces for n in info.nodes):
+            return None
+        return info
+
+    # -- start --------------------------------------------------------------------------------
+
+    def start(self, spec: ClusterSpec, *, timeout_s: float = 60.0) -> ClusterInfo:
+        missing = [t for t in TOOLS if shutil.which(t) is None]
+        if missing:
+            raise SlurmError(f"missing tools: {', '.join(missing)} (install Debian's slurm-wlm "
+                             "and munge)")
+        running = self.running()
+        if running is not None and [n.name for n in running.nodes] == spec.names:
+            return running
+        self.stop()
+        self._write_files(spec)
+        self._network(spec)
+        self._start_munge()
+        ctld = self._start_ctld()
+        for name in spec.names:
+            self._start_slurmd(name)
+        self._start_rdzv_store()
+        info = ClusterInfo(conf=str(self.conf), shared_dir=str(self.shared_dir),
+                           head_address=HEAD_ADDR,
+                           nodes=tuple(Node(n, spec.address(n), NETNS_PREFIX + n,
+                                            n in spec.spare_names) for n in spec.names),
+                           ctld_pid=ctld, munge_socket=str(self.munge_socket),
+                           started_at=time.time())
+        self.info_file.write_text(json.dumps(asdict(info), indent=2))
+        self.wait_nodes(spec.names, {"idle"}, timeout_s=timeout_s)
+        return info
+
+    def _write_files(self, spec: ClusterSpec) -> None:
+        for sub in ("etc", "ctld", "spool", "shared"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        # A fresh controller state: no job of an earlier cluster survives into this one.
+        shutil.rmtree(self.root / "ctld", ignore_errors=True)
+        (self.root / "ctld").mkdir()
+        self.shared_dir.chmod(0o1777)
+        self.conf.write_text(slurm_conf(spec, self.root, socket.gethostname(),
+                                        self.munge_socket))
+        (self.conf.parent / "cgroup.conf").write_text(cgroup_conf())
+
+    def _network(self, spec: ClusterSpec) -> None:
+        _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{HEAD_ADDR}/24", "dev", BRIDGE])
+        _run(["ip", "link", "set", BRIDGE, "up"])
+        for i, name in enumerate(spec.names, start=1):
+            ns, host_end = NETNS_PREFIX + name, f"tgsv{i}"
+            _run(["ip", "netns", "add", ns])
+            _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0",
+                  "netns", ns])
+            _run(["ip", "link", "set", host_end, "master", BRIDGE, "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{spec.address(name)}/24", "dev", "eth0"])
+            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+
+    def _start_munge(self) -> None:
+        MUNGE_DIR.mkdir(mode=0o755, exist_ok=True)
+        shutil.chown(MUNGE_DIR, "munge", "munge")
+        MUNGE_DIR.chmod(0o755)
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            _run(["runuser", "-u", "munge", "--", "mungekey", "--create"])
+        _run(["runuser", "-u", "munge", "--", "munged", f"--socket={self.munge_socket}",
+              f"--pid-file={MUNGE_DIR / 'munged.pid'}", f"--log-file={MUNGE_DIR / 'munged.log'}",
+              f"--seed-file={MUNGE_DIR / 'munged.seed'}", "--force"])
+        deadline = time.monotonic() + 10
+        while not self.munge_socket.exists():
+            if time.monotonic() > deadline:
+                raise SlurmError(f"munged did not create {self.munge_socket}: "
+                                 f"{_tail(MUNGE_DIR / 'munged.log')}")
+            time.sleep(0.05)
+
+    def _start_ctld(self) -> int:
+        _run(["slurmctld", "-f", str(self.conf)])
+        deadline = time.monotonic() + 20
+        while True:
+            pid = _read_pid(self.root / "slurmctld.pid")
+            if pid and _alive(pid) and _run(["scontrol", "ping"], env=self.client_env(),
+                                            check=False).returncode == 0:
+                return pid
+            if time.monotonic() > deadline:
+                raise SlurmError(f"slurmctld did not answer in 20 s: "
+                                 f"{_tail(self.root / 'slurmctld.log')}")
+            time.sleep(0.2)
+
+    def _start_rdzv_store(self) -> None:
+        log = (self.root / "rdzv_store.log").open("w")
+        proc = subprocess.Popen([sys.executable, "-m", "trainguard.dev.rdzv_store", "--host",
+                                 HEAD_ADDR, "--port", str(RDZV_PORT)], stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        (self.root / "rdzv_store.pid").write_text(str(proc.pid))
+        deadline = time.monotonic() + 30
+        while not _listening(HEAD_ADDR, RDZV_PORT):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SlurmError(f"the rendezvous store did not start: "
+                                 f"{_tail(self.root / 'rdzv_store.log')}")
+            time.sleep(0.1)
+
+    def _start_slurmd(self, name: str) -> None:
+        _run(["ip", "netns", "exec", NETNS_PREFIX + name, "slurmd", "-f", str(self.conf),
+              "-N", name])
+
+    def start_node(self, name: str) -> None:
+        """Bring a node's slurmd back (after a drill killed it)."""
+        self._start_slurmd(name)
+
+    def wait_nodes(self, names: Sequence[str], states: set[str], *,
+                   timeout_s: float) -> dict[str, str]:
+        """Until every node in ``names`` is in one of ``states`` (``down`` matches ``down*``)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = self.node_states()
+            if all(now.get(n, "").rstrip("*~#!%$@^-") in states for n in names):
+                return now
+            if time.monotonic() > deadline:
+                raise SlurmError(f"nodes not {sorted(states)} in {timeout_s:.0f} s: {now}; "
+                                 f"{_tail(self.root / 'slurmctld.log', 5)}")
+            time.sleep(0.3)
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def stop(self) -> bool:
+        """Stop every daemon, delete the namespaces and the bridge; True if anything ran.
+        Works after a crash too: daemons are found by pid file and by namespace."""
+        found = False
+        for ns in _netns_list():
+            if not ns.startswith(NETNS_PREFIX):
+                continue
+            found = True
+            for pid_s in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
+                _kill(int(pid_s), grace_s=2.0)
+            _run(["ip", "netns", "del", ns], check=False)
+        for pid_file in (self.root / "slurmctld.pid", self.root / "rdzv_store.pid",
+                         MUNGE_DIR / "munged.pid"):
+            pid = _read_pid(pid_file)
+            if pid and _alive(pid):
+                found = True
+                _kill(pid)
+            with contextlib.suppress(OSError):
+                pid_file.unlink()
+        if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
+            found = True
+            _run(["ip", "link", "del", BRIDGE], check=False)
+        with contextlib.suppress(OSError):
+            self.info_file.unlink()
+        return found
+
+
+def torchrun_argv(info: ClusterInfo, *, nnodes: int, nproc_per_node: int, run_id: str,
+                  script: Sequence[str], python: str = sys.executable) -> list[str]:
+    """The command ``srun`` starts once per node: a torchrun agent in that node's namespace,
+    c10d rendezvous at the head's store, its own address given (``--local-addr``: inside a
+    namespace this machine's hostname resolves to localhost, which the other nodes cannot
+    reach), gloo on the node's interface."""
+    inner = (f"GLOO_SOCKET_IFNAME=eth0 exec {shlex.quote(python)} -m torch.distributed.run "
+             f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-backend c10d "
+             f"--rdzv-endpoint {info.rdzv_endpoint} --rdzv-id {shlex.quote(run_id)} "
+             "--local-addr $(ip -o -4 addr show eth0 | awk '{print $4}' | cut -d/ -f1) "
+             + " ".join(shlex.quote(a) for a in script))
+    return ["bash", "-c", inner]
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def _netns_list() -> list[str]:
+    out = _run(["ip", "netns", "list"], check=False).stdout
+    return [ln.split()[0] for ln in out.splitlines() if ln.strip()]
+
+
+def _tail(path: Path, lines: int = 10) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no {path})"
