@@ -10,8 +10,7 @@ from pathlib import Path
 import psutil
 
 from tests.integration.conftest import arun
-from tests.integration.test_fencing import job_spec
-from trainguard.actuators.fencing import stop_process
+from tests.integration.test_fencing import job_spec, reap
 from trainguard.actuators.local import LocalBackend
 from trainguard.actuators.service import Actuator, ActuatorOptions
 from trainguard.actuators.signing import sign
@@ -106,7 +105,7 @@ def test_forged_stale_and_replayed_commands_are_refused(kafka: KafkaConfig,
     finally:
         if actuator.executor is not None:
             for rep in actuator.executor.replicas().values():
-                stop_process(rep.pid, rep.create_time, 0.1)
+                reap(rep.pid)
     outcomes = [e.payload for e in events if isinstance(e.payload, CommandOutcome)]
     by_key: dict[str, list[tuple[OutcomeStatus, str]]] = {}
     for o in outcomes:

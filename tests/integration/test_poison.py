@@ -331,7 +331,7 @@ def test_actuator_dead_letters_poison_and_a_command_that_crashes_it_and_carries_
     from tests.integration.test_actuator_commands import KEY as ACT_KEY
     from tests.integration.test_actuator_commands import command, outcomes_until
     from tests.integration.test_fencing import job_spec
-    from trainguard.actuators.fencing import stop_process
+    from trainguard.actuators.fencing import identify, stop_process
     from trainguard.actuators.local import LocalBackend
     from trainguard.actuators.service import Actuator, ActuatorOptions
     from trainguard.events.payloads import CommandOutcome, OutcomeStatus, StepReport
@@ -396,7 +396,9 @@ def test_actuator_dead_letters_poison_and_a_command_that_crashes_it_and_carries_
     finally:
         if first.executor is not None:
             for rep in first.executor.replicas().values():
-                stop_process(rep.pid, rep.create_time, 0.1)
+                ident = identify(rep.pid)  # test cleanup: whatever that pid is now
+                if ident is not None:
+                    stop_process(ident, 0.1)
     outcomes = [(e.payload.idempotency_key, e.payload.status) for e in got
                 if isinstance(e.payload, CommandOutcome)]
     accent_refused = outcomes.count(("k-accent", OutcomeStatus.REFUSED))

@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from tests.integration.conftest import arun, read_events
+from tests.integration.test_fencing import reap
 from trainguard.actuators import cgroups
-from trainguard.actuators.fencing import stop_process
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
@@ -200,7 +200,7 @@ class Loop:
         for proc in psutil.process_iter(["cmdline"]):
             cmd = proc.info["cmdline"] or []
             if len(cmd) > 1 and cmd[1] == str(self.tmp / "job.py"):
-                stop_process(proc.pid, None, 0.5)
+                reap(proc.pid, 0.5)
         try:
             root, version = cgroups.cpu_controller()
         except cgroups.CgroupError:

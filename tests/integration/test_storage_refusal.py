@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_fencing import alive, job_spec
+from tests.integration.test_fencing import alive, job_spec, reap
 from trainguard.actuators import zygote
 from trainguard.actuators.executor import Executor
-from trainguard.actuators.fencing import stop_process
 from trainguard.actuators.local import LocalBackend
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import (
@@ -81,5 +80,5 @@ def test_a_restart_is_refused_untouched_while_storage_is_read_only(
         assert ex.replicas()[1].unit != before[1].unit and result.data.epoch == 2
     finally:
         for rep in ex.replicas().values():
-            stop_process(rep.pid, rep.create_time, 0.1)
+            reap(rep.pid)
         zygote.stop(tmp_path / "logs" / f"zygote-{spec.job_id}.sock")

@@ -7,7 +7,7 @@ designed in docs/actuators.md (the calls they would make), not implemented.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 
@@ -28,16 +28,41 @@ class Released:
     """What fencing a replica gave back: its process (confirmed dead) and the unit's resources."""
 
     items: tuple[str, ...]
-    how: str  # already_gone | sigterm | sigkill
+    how: str  # already_gone | sigterm | sigkill | not_ours (never signalled)
+
+
+StaleAction = Literal["killed", "already_gone", "discarded"]
 
 
 class Backend(Protocol):
-    def launch(self, job: JobSpec, unit: UnitSpec, rank: int, epoch: int,
-               port: int) -> Replica: ...
+    """Everything here acts only on replicas the backend itself started and recorded (the
+    local backend: its replica journal; Slurm: the job steps it submitted). The event log may
+    name any pid: a replica the backend cannot prove is its own is never signalled."""
+
+    def launch(self, job: JobSpec, unit: UnitSpec, rank: int, epoch: int, port: int,
+               command_id: str | None = None) -> Replica:
+        """Start one replica; it is recorded durably before it may run."""
+        ...
 
     def fence(self, job: JobSpec, replica: Replica) -> Released:
         """Stop the replica (SIGTERM, SIGKILL after the job's grace), confirm it dead, release
-        its unit. Raises ``FenceError`` when death cannot be confirmed."""
+        its unit. One the backend did not start (or whose pid now names another process) is
+        not signalled (``how`` says so). Raises ``FenceError`` when death cannot be
+        confirmed."""
+        ...
+
+    def live(self, job: JobSpec) -> list[Replica]:
+        """The job's replicas this backend started that are still alive, proven."""
+        ...
+
+    def epoch(self, job: JobSpec, rank: int | None = None) -> int:
+        """The highest epoch this backend started ``rank`` (any rank: None) at; 0: never."""
+        ...
+
+    def stop_stale(self, job: JobSpec, rank: int, epoch: int, pid: int | None) -> StaleAction:
+        """A report said ``pid`` runs ``rank`` at the stale ``epoch``: kill it if the backend
+        started exactly that replica and proves it alive (``killed``); ``already_gone`` when
+        it did and it is gone; ``discarded`` (nothing signalled) when it never started it."""
         ...
 
     def set_quota(self, job: JobSpec, unit: UnitSpec, pct: float | None) -> str: ...

@@ -16,19 +16,38 @@ spare for one of the failed ranks -> the command fails before anything is fenced
 shrunk or half moved) and the policy escalates. A unit that is to run a rank and cannot reach
 the job's checkpoint storage fails the command the same way, but marked retryable
 (``RestartData.retry``): the storage may come back, and the policy retries with backoff.
+
+Crash safety: every launch and restart is write-ahead in the command journal
+(``journal.py``): ``intent`` (the plan: placement, quarantined units, the command) before
+anything is fenced, then ``fenced``, ``launched``, ``done``. ``recover`` (called by a
+restarted actuator before it serves) finishes the command that has no ``done``: when the
+replicas the backend proves alive are already exactly the plan at a newer epoch, it adopts
+them (and puts the pool right); otherwise it fences whatever is left (proven replicas only)
+and launches the plan at a fresh epoch. It only rolls forward: the plan was checked (spares,
+storage) before its intent was written.
+
+Which replicas exist is the backend's own record (``Backend.live``, ``Backend.epoch``), never
+the event log: a stale report's pid is killed only when the backend started exactly that
+replica and proves it (``Backend.stop_stale``), and fencing never signals a pid it cannot
+prove. ``TRAINGUARD_TEST_CRASH_AT`` names a fault point (``FAULT_POINTS``) at which the
+actuator SIGKILLs itself, for the crash tests.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Literal
+
+from pydantic import ValidationError
 
 from trainguard.actuators import cgroups
 from trainguard.actuators.backend import Backend, Replica
-from trainguard.actuators.fencing import FenceError, is_replica_of, is_stale, kill_now
+from trainguard.actuators.fencing import FenceError, is_stale
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
+from trainguard.actuators.journal import Intent, Journal, Phase, in_flight, phase_record
 from trainguard.actuators.pool import (
     PoolState,
     Unit,
@@ -66,6 +85,26 @@ from trainguard.events.payloads import (
 
 Emit = Callable[[Event], None]
 SOURCE = "trainguard-actuator"
+FAULT_ENV = "TRAINGUARD_TEST_CRASH_AT"
+# where a command can be cut short: after its intent, after its first fenced replica, after
+# the fence, after its first launched rank, after the launch (before ``done``); named
+# ``ACTION:POINT`` (``migrate:fenced``; ``launch:...`` is the initial launch)
+FAULT_POINTS = ("intent", "fenced-1", "fenced", "launched-1", "launched")
+
+
+def fault_from_env() -> Callable[[str], None]:
+    """Test-only: SIGKILL this process at the fault point ``ACTION:POINT`` named by
+    ``TRAINGUARD_TEST_CRASH_AT`` (no-op when unset)."""
+    at = os.environ.get(FAULT_ENV)
+
+    def fault(point: str) -> None:
+        if at is not None and point == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return fault
+
+
+def _no_fault(point: str) -> None:
+    return None
 
 
 @dataclass
@@ -75,14 +114,35 @@ class Result:
     data: ActionData | None = None  # None: the action's defaults
 
 
+@dataclass(frozen=True)
+class Recovered:
+    """A command a restarted actuator found in flight, and how it ended."""
+
+    intent: Intent
+    command: Command | None  # None: the initial launch
+    result: Result
+
+
 class Executor:
     def __init__(self, job: JobSpec, backend: Backend, emit: Emit,
-                 pool: PoolState | None = None) -> None:
+                 pool: PoolState | None = None, journal: Journal | None = None,
+                 fault: Callable[[str], None] = _no_fault) -> None:
         self.job = job
         self.backend = backend
         self._emit = emit
         self.pool = pool or PoolState()
+        self.journal = journal or Journal(None)
+        self._fault_at = fault
+        self._doing = "launch"  # the action under way, for the fault points
         self._refused: set[tuple[int, int, int | None]] = set()
+
+    def _fault(self, point: str) -> None:
+        self._fault_at(f"{self._doing}:{point}")
+
+    def _phase(self, cid: str, phase: Phase, status: str | None = None) -> None:
+        self.journal.append(phase_record(cid, phase, status))
+        if phase != "done":
+            self._fault(phase)
 
     # --- events ---------------------------------------------------------------------------
 
@@ -114,23 +174,40 @@ class Executor:
 
     def launch(self, placement: dict[int, str], command_id: str | None, reason: str) -> int:
         """Launch every rank at a new epoch; nothing of the job may be running."""
-        live = self.pool.bound(self.job.job_id)
-        if live:
-            raise FenceError(f"ranks {sorted(live)} still bound: fence before launching")
-        epoch = self.pool.job_epoch(self.job.job_id) + 1
+        live = sorted(self.pool.bound(self.job.job_id))
+        running = sorted({r.rank for r in self.backend.live(self.job)})
+        if live or running:
+            raise FenceError(f"ranks {live or running} still "
+                             f"{'bound' if live else 'running'}: fence before launching")
+        epoch = max(self.pool.job_epoch(self.job.job_id), self.backend.epoch(self.job)) + 1
         port = free_port()
-        for rank in sorted(placement):
+        for n, rank in enumerate(sorted(placement)):
             unit = self.job.unit(placement[rank])
-            rep = self.backend.launch(self.job, unit, rank, epoch, port)
+            rep = self.backend.launch(self.job, unit, rank, epoch, port, command_id)
             self.unit_event(unit.name, UnitState.BOUND, rank=rank, epoch=epoch, pid=rep.pid,
                             command_id=command_id, reason=reason,
                             resources={"cpus": list(unit.cpus), "create_time": rep.create_time,
                                        "port": port})
+            if n == 0:
+                self._fault("launched-1")
         return epoch
 
     def launch_initial(self) -> int:
         placement = {u.rank: u.name for u in self.job.units if u.rank is not None}
-        return self.launch(placement, None, "initial launch from the job spec")
+        reason = "initial launch from the job spec"
+        self._doing = "launch"
+        intent = Intent(f"initial-{new_event_id()}", "launch", placement, reason=reason,
+                        from_epoch=self.pool.job_epoch(self.job.job_id))
+        self.journal.append(intent.to_record())
+        self._fault("intent")
+        try:
+            epoch = self.launch(placement, None, reason)
+        except (FenceError, JobSpecError, OSError):
+            self._phase(intent.cid, "done", OutcomeStatus.FAILED.value)
+            raise
+        self._phase(intent.cid, "launched")
+        self._phase(intent.cid, "done", OutcomeStatus.DONE.value)
+        return epoch
 
     def replicas(self) -> dict[int, Replica]:
         out: dict[int, Replica] = {}
@@ -142,13 +219,17 @@ class Executor:
 
     def fence_all(self, command_id: str | None, reason: str,
                   quarantine: Collection[str] = ()) -> tuple[list[str], float]:
-        """Fence every bound replica of the job; the units in ``quarantine`` (those of failed
-        ranks) say so and are not rebound. Returns what was released and the time."""
+        """Fence every replica of the job: those the pool shows bound and those the backend
+        proves alive (a launch whose event never reached the log); the units in
+        ``quarantine`` (those of failed ranks) say so and are not rebound. Returns what was
+        released and the time."""
         t0 = time.monotonic()
         released: list[str] = []
-        for rank, rep in sorted(self.replicas().items()):
-            if rep.pid <= 0:
-                continue
+        targets = {(rep.unit, rep.pid): rep for rep in self.replicas().values() if rep.pid > 0}
+        for rep in self.backend.live(self.job):
+            targets.setdefault((rep.unit, rep.pid), rep)
+        for n, (_, rep) in enumerate(sorted(targets.items(), key=lambda kv: (
+                kv[1].rank, kv[1].epoch, kv[1].pid))):
             try:
                 rel = self.backend.fence(self.job, rep)
             except FenceError as exc:
@@ -156,11 +237,85 @@ class Executor:
                                 command_id=command_id)
                 raise
             why = reason + (" (quarantined)" if rep.unit in quarantine else "")
-            self.unit_event(rep.unit, UnitState.FENCED, rank=rank, epoch=rep.epoch,
+            self.unit_event(rep.unit, UnitState.FENCED, rank=rep.rank, epoch=rep.epoch,
                             pid=rep.pid, command_id=command_id, reason=why,
                             released=list(rel.items))
             released.extend(rel.items)
+            if n == 0:
+                self._fault("fenced-1")
         return released, (time.monotonic() - t0) * 1000
+
+    # --- crash recovery -------------------------------------------------------------------
+
+    def recover(self) -> Recovered | None:
+        """Finish the command the journal shows in flight (see the module docstring); None
+        when there is none."""
+        intent = in_flight(self.journal)
+        if intent is None:
+            return None
+        command: Command | None = None
+        if intent.command is not None:
+            try:
+                command = Command.model_validate(intent.command)
+            except ValidationError:
+                command = None
+        cid = intent.cid
+        self._doing = "recover"
+        reason = f"{intent.action}: finished after an actuator restart"
+        t0 = time.monotonic()
+        try:
+            live = self.backend.live(self.job)
+            epochs = {r.epoch for r in live}
+            finished = (len(live) == len(intent.placement)
+                        and {r.rank: r.unit for r in live} == dict(intent.placement)
+                        and len(epochs) == 1 and min(epochs) > intent.from_epoch)
+            if finished:
+                self._adopt(live, intent)
+                epoch = min(epochs)
+                how = "the launch had finished: adopted its replicas"
+            else:
+                self.fence_all(command.command_id if command else None, reason,
+                               intent.quarantine)
+                self._phase(cid, "fenced")
+                epoch = self.launch(dict(intent.placement),
+                                    command.command_id if command else None, reason)
+                self._phase(cid, "launched")
+                how = "fenced what was left and launched the plan"
+        except (FenceError, JobSpecError, OSError) as exc:
+            self._phase(cid, "done", OutcomeStatus.FAILED.value)
+            return Recovered(intent, command, Result(
+                OutcomeStatus.FAILED, f"{reason} failed: {exc}"))
+        self._phase(cid, "done", OutcomeStatus.DONE.value)
+        ms = (time.monotonic() - t0) * 1000
+        data = RestartData(action=command.action, epoch=epoch, recovered_from=intent.phase,
+                           recovery_ms=round(ms, 1)) if command is not None and \
+            command.action in (CommandAction.MIGRATE, CommandAction.RESUME) else None
+        return Recovered(intent, command, Result(
+            OutcomeStatus.DONE, f"{reason} (it was cut short after '{intent.phase}'): {how}; "
+            f"{len(intent.placement)} ranks at epoch {epoch}", data))
+
+    def _adopt(self, live: list[Replica], intent: Intent) -> None:
+        """The plan's replicas run: put the pool right (events the crash kept off the log)."""
+        cid = intent.command.get("command_id") if intent.command else None
+        command_id = cid if isinstance(cid, str) else None
+        keep = {(r.unit, r.pid) for r in live}
+        for rank, old in sorted(self.replicas().items()):
+            if (old.unit, old.pid) not in keep and old.pid > 0:
+                rel = self.backend.fence(self.job, old)
+                why = "replaced before an actuator restart" + (
+                    " (quarantined)" if old.unit in intent.quarantine else "")
+                self.unit_event(old.unit, UnitState.FENCED, rank=rank, epoch=old.epoch,
+                                pid=old.pid, command_id=command_id, reason=why,
+                                released=list(rel.items))
+        bound = self.pool.bound(self.job.job_id)
+        for rep in live:
+            now = bound.get(rep.rank)
+            if now is None or (now.name, now.pid, now.epoch) != (rep.unit, rep.pid, rep.epoch):
+                unit = self.job.unit(rep.unit)
+                self.unit_event(rep.unit, UnitState.BOUND, rank=rep.rank, epoch=rep.epoch,
+                                pid=rep.pid, command_id=command_id,
+                                reason=f"{intent.action}: adopted after an actuator restart",
+                                resources={"cpus": list(unit.cpus)})
 
     # --- commands -------------------------------------------------------------------------
 
@@ -267,12 +422,25 @@ class Executor:
                           "be reached from " + "; ".join(f"{u}: {why}" for u, why in
                                                          sorted(blocked.items()))
                           + "; nothing was fenced", _retry_when_storage(cmd, True))
+        intent = Intent(cmd.command_id, cmd.action.value, placement, tuple(quarantine),
+                        f"{cmd.action.value} (tier {cmd.tier})", cmd.model_dump(mode="json"),
+                        self.pool.job_epoch(job))
+        self._doing = cmd.action.value
+        self.journal.append(intent.to_record())  # write-ahead: nothing fenced yet
+        self._fault("intent")
         t0 = time.monotonic()
-        released, fence_ms = self.fence_all(cmd.command_id, f"{cmd.action.value}: replica "
-                                            "replaced", quarantine)
-        t1 = time.monotonic()
-        epoch = self.launch(placement, cmd.command_id, f"{cmd.action.value} (tier {cmd.tier})")
-        bind_ms = (time.monotonic() - t1) * 1000
+        try:
+            released, fence_ms = self.fence_all(cmd.command_id, f"{cmd.action.value}: replica "
+                                                "replaced", quarantine)
+            self._phase(cmd.command_id, "fenced")
+            t1 = time.monotonic()
+            epoch = self.launch(placement, cmd.command_id, intent.reason)
+            bind_ms = (time.monotonic() - t1) * 1000
+            self._phase(cmd.command_id, "launched")
+        except (FenceError, JobSpecError, OSError):
+            self._phase(cmd.command_id, "done", OutcomeStatus.FAILED.value)
+            raise
+        self._phase(cmd.command_id, "done", OutcomeStatus.DONE.value)
         data.update({"epoch": epoch, "fence_ms": round(fence_ms, 1),
                      "bind_ms": round(bind_ms, 1), "released": released,
                      "total_ms": round((time.monotonic() - t0) * 1000, 1)})
@@ -306,22 +474,15 @@ class Executor:
         p = event.payload
         if event.job_id != self.job.job_id or not isinstance(p, StepReport | Heartbeat):
             return False
-        current = self.pool.epoch(event.job_id, p.rank)
+        current = self.backend.epoch(self.job, p.rank)  # what this actuator launched
         if current == 0 or not is_stale(p.binding_epoch, current):
             return False
         key = (p.rank, p.binding_epoch, p.pid)
         if key in self._refused:
             return True  # discarded again; said once
         self._refused.add(key)
-        live_pids = {u.pid for u in self.pool.bound(event.job_id).values()}
-        action: Literal["killed", "already_gone"] = "already_gone"
-        if p.pid is not None and p.pid not in live_pids:
-            ours = self.pool.launched.get(p.pid)
-            if ours is not None and ours[:2] == (event.job_id, p.rank):
-                if kill_now(p.pid, ours[2]):  # a replica this pool bound, same start time
-                    action = "killed"
-            elif is_replica_of(p.pid, event.job_id, p.rank) and kill_now(p.pid, None):
-                action = "killed"  # started elsewhere, but its environment names the rank
+        # the backend signals only a replica it started at that epoch and still proves
+        action = self.backend.stop_stale(self.job, p.rank, p.binding_epoch, p.pid)
         payload = ReplicaRefused(rank=p.rank, stale_epoch=p.binding_epoch,
                                  current_epoch=current, pid=p.pid, action=action,
                                  reason=f"{event.type} with binding epoch {p.binding_epoch} < "

@@ -2,12 +2,15 @@
 
 At start it reads the outcomes topic from the beginning: the pool (``pool.unit``) and the used
 idempotency keys (``command.outcome``) are rebuilt from the log, merged with the local ledger
-file. It registers the job spec's units, optionally launches the job, then consumes:
+file. It registers the job spec's units, finishes the command its journal shows in flight (an
+actuator killed mid-command: ``Executor.recover``; the command's outcome is published then),
+optionally launches the job, then consumes:
 - the commands topic (consumer group per job): a command acts only when its signature verifies
   with the key from the secret file/env, its idempotency key is unused and it is fresh; every
   command gets ``accepted`` then ``done``/``failed``, or one ``refused``/``timed_out`` outcome;
 - the task topic (no group, from now): step reports and heartbeats with a stale binding epoch
-  are refused (``replica.refused``) and their process killed if it is still alive.
+  are refused (``replica.refused``); the process is killed only if the replica journal
+  recorded exactly that replica and proves it alive (pidfd + start time + boot id).
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from aiokafka.errors import KafkaError
 
 from trainguard.actuators import metrics, signing, zygote
 from trainguard.actuators.backend import Backend
-from trainguard.actuators.executor import SOURCE, Emit, Executor, Result
+from trainguard.actuators.executor import SOURCE, Emit, Executor, Result, fault_from_env
 from trainguard.actuators.jobspec import JobSpec
+from trainguard.actuators.journal import Journal, in_flight, phase_record
 from trainguard.actuators.ledger import Ledger
 from trainguard.actuators.pool import rebuild
 from trainguard.bus.config import KafkaConfig
@@ -31,7 +35,7 @@ from trainguard.bus.consumer import Delivered, EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
-from trainguard.events.envelope import Event
+from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
     ActionData,
@@ -64,6 +68,7 @@ class Actuator:
         self.backend = backend
         self.producer: EventProducer | None = None  # made inside the running loop
         self.ledger = Ledger(opts.state_dir / f"ledger-{opts.job.job_id}.jsonl")
+        self.journal = Journal(opts.state_dir / f"commands-{opts.job.job_id}.journal")
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.executor: Executor | None = None
         self.busy = False
@@ -123,7 +128,10 @@ class Actuator:
         loop = asyncio.get_running_loop()
         executor = Executor(self.opts.job, self.backend,
                             self._emit_threadsafe(loop),
-                            rebuild(mine))
+                            rebuild(mine), self.journal, fault_from_env())
+        if self.journal.skipped:
+            log.warning("actuator %s: %d corrupt record(s) of %s skipped", job,
+                        self.journal.skipped, self.journal.path)
         log.warning("actuator %s: rebuilt %d units, %d used keys from the log", job,
                     len(executor.pool.units), len(self.ledger.entries))
         return executor
@@ -139,7 +147,14 @@ class Actuator:
         try:
             self.executor = ex = await self._rebuild()
             ex.register_units()
-            if self.opts.launch and ex.pool.job_epoch(self.opts.job.job_id) == 0:
+            await self._recover(ex)
+            running = self.backend.live(self.opts.job)
+            if self.opts.launch and ex.pool.job_epoch(self.opts.job.job_id) == 0 and running:
+                log.error("actuator: job %s not launched: the log has never seen it bound, but "
+                          "replicas its journal recorded are alive (pids %s); stop them with "
+                          "--teardown first", self.opts.job.job_id,
+                          ", ".join(str(r.pid) for r in running))
+            elif self.opts.launch and ex.pool.job_epoch(self.opts.job.job_id) == 0:
                 epoch = await asyncio.to_thread(ex.launch_initial)
                 log.warning("actuator: launched job %s at epoch %d", self.opts.job.job_id,
                             epoch)
@@ -152,15 +167,34 @@ class Actuator:
                 self._stop_publisher()
                 await self.producer.stop()
 
+    async def _recover(self, ex: Executor) -> None:
+        """Finish the command an earlier actuator was killed in (if any), and say how it
+        ended on the log like any command."""
+        done = await asyncio.to_thread(ex.recover)
+        if done is None:
+            return
+        log.warning("actuator %s: %s", self.opts.job.job_id, done.result.detail)
+        cmd = done.command
+        if cmd is not None:
+            self.ledger.record(cmd.idempotency_key, cmd.command_id, done.result.status.value)
+            await self._outcome(None, cmd, done.result.status, done.result.detail,
+                                data=done.result.data)
+        await self._published()
+
     async def teardown(self) -> list[str]:
-        """Stop the job for good: fence every bound replica (confirmed dead, units released,
-        each a ``pool.unit fenced`` event) and stop the warm launcher. What was released."""
+        """Stop the job for good: fence every bound replica and every replica the journal
+        knows and proves alive (confirmed dead, units released, each a ``pool.unit fenced``
+        event), close the command in flight (never finished later) and stop the warm
+        launcher. What was released."""
         self.producer = EventProducer(self.cfg)
         await self.producer.start()
         self._start_publisher()
         try:
             ex = await self._rebuild()
             released, _ = await asyncio.to_thread(ex.fence_all, None, "teardown")
+            pending = in_flight(self.journal)  # torn down: never finished by a later start
+            if pending is not None:
+                self.journal.append(phase_record(pending.cid, "done", "torn_down"))
             await self._published()
         finally:
             self._stop_publisher()
@@ -213,8 +247,9 @@ class Actuator:
                 raise  # the publisher is gone: nothing more can be reported; restart
             await consumer.refuse(item, exc)
 
-    async def _outcome(self, event: Event, cmd: Command, status: OutcomeStatus, detail: str,
-                       started: int | None = None, data: ActionData | None = None) -> None:
+    async def _outcome(self, event: Event | None, cmd: Command, status: OutcomeStatus,
+                       detail: str, started: int | None = None,
+                       data: ActionData | None = None) -> None:
         payload = CommandOutcome(command_id=cmd.command_id, idempotency_key=cmd.idempotency_key,
                                  action=cmd.action, status=status, started_at=started,
                                  finished_at=now_us() if status is not OutcomeStatus.ACCEPTED
@@ -222,8 +257,8 @@ class Actuator:
                                  data=data if data is not None else no_data(cmd.action))
         ev = make_event(payload, event_id=derived_id("outcome", cmd.idempotency_key,
                                                      status.value, cmd.command_id),
-                        job_id=event.job_id, event_time=now_us(), source=SOURCE,
-                        subject=event.subject)
+                        job_id=self.opts.job.job_id, event_time=now_us(), source=SOURCE,
+                        subject=event.subject if event is not None else Subject())
         metrics.OUTCOMES.labels(cmd.action.value, status.value).inc()
         await self.queue.put(ev)
         await self._published()  # the outcome is on the log before the next command

@@ -34,8 +34,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="do not put units in CPU cgroups (tier 1 then fails, saying why)")
     p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: none)")
     p.add_argument("--teardown", action="store_true",
-                   help="instead of serving: fence every bound replica of the job (recorded "
-                   "on the log) and stop its warm launcher, then exit")
+                   help="instead of serving: fence every replica of the job (bound on the "
+                   "log, or alive in the replica journal) and stop its warm launcher, then exit")
     p.set_defaults(func=_run)
 
 

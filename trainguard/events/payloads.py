@@ -503,6 +503,10 @@ class RestartData(OutcomeData):
     from_unit: UnitName | None = None
     to_unit: UnitName | None = None
     choice: str | None = None  # why that spare
+    # finished by a restarted actuator: the journal phase it was cut short after, and how long
+    # the recovery took
+    recovered_from: Literal["intent", "fenced", "launched", "done"] | None = None
+    recovery_ms: Ms | None = None
     ranks: list[Rank] = Field(default_factory=list)
     from_units: list[UnitName] = Field(default_factory=list)
     to_units: list[UnitName] = Field(default_factory=list)

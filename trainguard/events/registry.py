@@ -59,7 +59,8 @@ EVENT_TYPES: tuple[EventType, ...] = (
               "A pool unit became spare, bound (rank, epoch), draining, fenced or failed.",
               ("unit",)),
     EventType("replica.refused", 1, p.ReplicaRefused, TopicRole.OUTCOMES, "job",
-              "A stale replica (old binding epoch) was refused: its reports discarded, it killed.",
+              "A stale replica (old binding epoch) was refused: its reports discarded; killed "
+              "only when the actuator launched it and re-proves its pid.",
               ("rank",)),
     EventType("injection", 1, p.Injection, TopicRole.DRILLS, "job",
               "A drill injected (or rolled back) one fault."),
