@@ -1,14 +1,18 @@
-"""Create the registry's topics on a broker, with their partitions and retention."""
+"""Create the registry's topics on a broker, with their partitions and retention; create the
+ACLs of a secured broker."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.protocol.admin import CreateAclsRequest
 
+from trainguard.bus.acl import ALLOW, AclBinding
 from trainguard.bus.config import KafkaConfig
 from trainguard.events.topics import SPEC_BY_ROLE, TOPIC_SPECS, TopicNames, TopicRole
 
@@ -104,5 +108,35 @@ async def topic_partitions(config: KafkaConfig, topic: str) -> int:
     try:
         described = await admin.describe_topics([topic])
         return sum(len(d["partitions"]) for d in described if d.get("error_code", 0) == 0)
+    finally:
+        await admin.close()
+
+
+class _CreateAcls(CreateAclsRequest):  # type: ignore[misc]
+    """CreateAcls with many creations in one request (aiokafka's builds one)."""
+
+    def __init__(self, bindings: Sequence[AclBinding]) -> None:
+        self._bindings = list(bindings)
+
+    def build(self, request_struct_class: Any) -> Any:
+        if request_struct_class.API_VERSION < 1:  # pre-2.0 brokers: no prefixed patterns
+            raise KafkaError("the broker does not support prefixed ACLs (CreateAcls v1)")
+        return request_struct_class([
+            (int(b.resource), b.name, int(b.pattern), b.principal, "*", int(b.operation),
+             ALLOW) for b in self._bindings])
+
+
+async def apply_acls(config: KafkaConfig, bindings: Sequence[AclBinding]) -> None:
+    """Create ``bindings`` (ALLOW, any host) on the broker; ``config`` must be a super user.
+
+    Creating an ACL that exists is a no-op on the broker, so this is idempotent."""
+    admin = AIOKafkaAdminClient(**config.client_kwargs())
+    await admin.start()
+    try:
+        response = await admin._send_to_controller(_CreateAcls(bindings))
+        failed = [(b.describe(), code, msg) for b, (code, msg)
+                  in zip(bindings, response.creation_responses, strict=True) if code != 0]
+        if failed:
+            raise KafkaError(f"creating ACLs failed: {failed[:3]}")
     finally:
         await admin.close()

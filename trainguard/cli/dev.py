@@ -1,12 +1,19 @@
-"""`trainguard dev kafka start|stop|status|kill`: the local real broker."""
+"""`trainguard dev kafka start|stop|status|kill|fetch|env|acls`: the local real broker."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 from pathlib import Path
 
-from trainguard.dev.kafka import KafkaBroker, fetch_kafka
+from trainguard.bus.acl import acl_bindings
+from trainguard.dev.kafka import USERS, BrokerError, KafkaBroker, fetch_kafka
+
+
+def _default_prefix() -> str:
+    return os.environ.get("TRAINGUARD_KAFKA_TOPIC_PREFIX") or "tg"
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -20,14 +27,29 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         ("kill", "kill the broker hard (SIGKILL), as a crash would"),
         ("status", "print whether the broker runs, and its bootstrap address"),
         ("fetch", "only fetch Kafka's jars into the cache"),
+        ("env", "print the TRAINGUARD_KAFKA_* exports that connect as one principal"),
+        ("acls", "create (or --list) the registry's ACLs for a topic prefix on a secured "
+                 "broker"),
     ):
         p = kafka_sub.add_parser(name, help=helptext)
         p.add_argument("--state-dir", type=Path, help="broker state directory "
                        "(default: $TRAINGUARD_STATE/kafka)")
+        if name in ("start", "env", "acls"):
+            p.add_argument("--prefix", default=None, help="topic prefix (default: "
+                           "$TRAINGUARD_KAFKA_TOPIC_PREFIX or 'tg')")
         if name == "start":
             p.add_argument("--fresh", action="store_true",
                            help="discard existing data and ports, format a new cluster")
             p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait")
+            p.add_argument("--secure", action="store_true",
+                           help="SASL/SCRAM-SHA-512 on the client listener, ACLs from the "
+                                "topic registry, one principal per service (needs a new "
+                                "cluster: --fresh unless the data was formatted secured)")
+        if name == "env":
+            p.add_argument("user", choices=USERS, help="the principal to connect as")
+        if name == "acls":
+            p.add_argument("--list", action="store_true",
+                           help="print the rules instead of creating them (no broker)")
         p.set_defaults(func=_run)
 
 
@@ -38,18 +60,51 @@ def _run(args: argparse.Namespace) -> int:
         print(fetch_kafka())
         return 0
     if cmd == "start":
-        info = broker.start(fresh=args.fresh, timeout_s=args.timeout)
-        print(json.dumps({"status": "running", "bootstrap": info.bootstrap, "pid": info.pid,
-                          "state_dir": info.state_dir, "version": info.version}))
+        prefix = args.prefix or _default_prefix()
+        try:
+            info = broker.start(fresh=args.fresh, timeout_s=args.timeout,
+                                secure=True if args.secure else None)
+            rules = broker.grant(prefix) if info.secure else 0
+        except BrokerError as exc:
+            print(f"trainguard dev kafka start: {str(exc).splitlines()[0]}")
+            return 1
+        out: dict[str, object] = {"status": "running", "bootstrap": info.bootstrap,
+                                  "pid": info.pid, "state_dir": info.state_dir,
+                                  "version": info.version, "secure": info.secure}
+        if info.secure:
+            out.update({"credentials": str(info.credentials_dir()), "acl_prefix": prefix,
+                        "acl_rules": rules})
+        print(json.dumps(out))
         return 0
     if cmd in ("stop", "kill"):
         stopped = broker.stop() if cmd == "stop" else broker.kill()
         print(json.dumps({"status": "stopped" if stopped else "not running"}))
         return 0
+    if cmd == "acls":
+        prefix = args.prefix or _default_prefix()
+        if args.list:
+            for binding in acl_bindings(prefix):
+                print(binding.describe())
+            return 0
+        try:
+            print(json.dumps({"acl_prefix": prefix, "acl_rules": broker.grant(prefix)}))
+        except BrokerError as exc:
+            print(f"trainguard dev kafka acls: {exc}")
+            return 1
+        return 0
     running = broker.running()
     if running is None:
+        if cmd == "env":
+            print(f"trainguard dev kafka env: no broker runs under {broker.root}")
+            return 3
         print(json.dumps({"status": "not running", "state_dir": str(broker.root)}))
         return 3
+    if cmd == "env":
+        env = running.client_env(args.user, args.prefix or _default_prefix())
+        for key, value in env.items():
+            print(f"export {key}={shlex.quote(value)}")
+        return 0
     print(json.dumps({"status": "running", "bootstrap": running.bootstrap, "pid": running.pid,
-                      "state_dir": running.state_dir, "version": running.version}))
+                      "state_dir": running.state_dir, "version": running.version,
+                      "secure": running.secure}))
     return 0
