@@ -10,9 +10,9 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
-from aiokafka.protocol.admin import CreateAclsRequest
+from aiokafka.protocol.admin import CreateAclsRequest, DescribeAclsRequest
 
-from trainguard.bus.acl import ALLOW, AclBinding
+from trainguard.bus.acl import ALLOW, AclBinding, Operation, PatternType, ResourceType
 from trainguard.bus.config import KafkaConfig
 from trainguard.events.topics import SPEC_BY_ROLE, TOPIC_SPECS, TopicNames, TopicRole
 
@@ -126,7 +126,8 @@ class _CreateAcls(CreateAclsRequest):  # type: ignore[misc]
              ALLOW) for b in self._bindings])
 
 
-async def apply_acls(config: KafkaConfig, bindings: Sequence[AclBinding]) -> None:
+async def apply_acls(config: KafkaConfig, bindings: Sequence[AclBinding],
+                     timeout_s: float = 30.0) -> None:
     """Create ``bindings`` (ALLOW, any host) on the broker; ``config`` must be a super user.
 
     Creating an ACL that exists is a no-op on the broker, so this is idempotent."""
@@ -138,5 +139,32 @@ async def apply_acls(config: KafkaConfig, bindings: Sequence[AclBinding]) -> Non
                   in zip(bindings, response.creation_responses, strict=True) if code != 0]
         if failed:
             raise KafkaError(f"creating ACLs failed: {failed[:3]}")
+        # The controller has them; every broker applies them a moment later. Return once the
+        # broker answers with all of them, so a client started next is judged by them.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not set(bindings) <= await _described_acls(admin):
+            if loop.time() > deadline:
+                raise KafkaError(f"the broker did not show the new ACLs in {timeout_s:.0f}s")
+            await asyncio.sleep(0.1)
     finally:
         await admin.close()
+
+
+async def _described_acls(admin: AIOKafkaAdminClient) -> set[AclBinding]:
+    """Every ALLOW rule the broker holds (DescribeAcls with a match-anything filter)."""
+    any_ = 1
+    response = await admin._send_request(
+        DescribeAclsRequest(any_, None, any_, None, None, any_, any_))
+    if response.error_code:
+        raise KafkaError(f"describing ACLs failed: {response.error_message}")
+    out: set[AclBinding] = set()
+    for res_type, name, pattern, acls in response.resources:
+        for who, _host, operation, permission in acls:
+            if permission == ALLOW:
+                try:
+                    out.add(AclBinding(who, ResourceType(res_type), name,
+                                       PatternType(pattern), Operation(operation)))
+                except ValueError:
+                    continue  # a kind of rule this module never creates
+    return out
