@@ -9,7 +9,7 @@ Besides the registry's topics:
 - every reader gets the consumer groups named ``<prefix>-<service>...`` (its own only);
 - the streams workers own everything named ``<prefix>-streams...``: faust's changelog and
   leader topics, its group and its transactional ids (exactly-once);
-- metrics may describe the groups under ``<prefix>`` (their lag is what it exports);
+- metrics may describe the groups named ``<prefix>-...`` (their lag is what it exports);
 - the admin principal is a super user (topics, ACLs); it is no service's identity.
 """
 
@@ -95,7 +95,7 @@ def acl_bindings(prefix: str) -> tuple[AclBinding, ...]:
           Operation.WRITE)
     allow(Service.STREAMS, ResourceType.TRANSACTIONAL_ID, own, PatternType.PREFIXED,
           Operation.DESCRIBE)
-    allow(Service.METRICS, ResourceType.GROUP, prefix, PatternType.PREFIXED,
+    allow(Service.METRICS, ResourceType.GROUP, f"{prefix}-", PatternType.PREFIXED,
           Operation.DESCRIBE)
     return tuple(sorted(out))
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 
 from trainguard.bus.config import KafkaConfig
@@ -25,6 +26,11 @@ def kafka_config(args: argparse.Namespace, client_id: str = "trainguard") -> Kaf
         dev = KafkaBroker().running()
         if dev is not None:
             bootstrap = dev.bootstrap
+            if dev.secure and not os.environ.get("TRAINGUARD_KAFKA_SECURITY_PROTOCOL"):
+                print(f"trainguard: the dev broker at {dev.bootstrap} is secured: connect as "
+                      "a service with `eval $(trainguard dev kafka env SERVICE)`",
+                      file=sys.stderr)
+                raise SystemExit(2)
     return KafkaConfig.from_env(bootstrap=bootstrap, topic_prefix=getattr(args, "prefix", None),
                                 client_id=client_id)
 
