@@ -1,9 +1,10 @@
-"""The secured dev broker (`dev kafka start --secure`): SASL/SCRAM principals and the ACLs
+"""The secured dev broker (`dev kafka start --secure`): SASL_SSL/SCRAM principals and the ACLs
 derived from the topic registry, enforced by the real Kafka broker.
 
 - a wrong-principal write (the agent producing a command) is refused by the broker, the right
   principal's write is accepted and readable;
-- a client without credentials, and one with a wrong password, are refused;
+- a client without credentials, one with a wrong password and one with the right password
+  but without TLS are refused;
 - the streams worker (faust, exactly-once) runs under its own principal: agent-produced records
   in, verdicts out, read back by the read-only operator principal.
 """
@@ -115,6 +116,19 @@ def test_clients_without_valid_credentials_are_refused(secure_broker: BrokerInfo
 
     with pytest.raises(KafkaError):
         arun(wrong_password(), timeout_s=30)
+
+    async def right_password_without_tls() -> None:
+        cfg = replace(secure_broker.client_config(Service.AGENT),
+                      security_protocol="SASL_PLAINTEXT")
+        producer = AIOKafkaProducer(**cfg.client_kwargs(), request_timeout_ms=3000)
+        try:
+            await producer.start()
+            await producer.send_and_wait(topic, b"in the clear")
+        finally:
+            await producer.stop()
+
+    with pytest.raises(KafkaError):
+        arun(right_password_without_tls(), timeout_s=30)
     # Nothing of either reached the topic.
     operator = secure_broker.client_config(Service.OPERATOR, topic_prefix=prefix)
     assert read_events(operator, [TopicRole.TELEMETRY], idle_ms=500, limit_s=10) == []

@@ -19,6 +19,7 @@ from trainguard.bus.acl import (
 )
 from trainguard.bus.config import KafkaConfig
 from trainguard.dev.kafka import USERS, BrokerInfo, server_properties, write_passwords
+from trainguard.dev.tls import make_tls_files
 from trainguard.events.topics import EVENT_ROLES, TOPIC_SPECS, Service, TopicNames, TopicRole
 
 pytestmark = pytest.mark.unit
@@ -83,14 +84,33 @@ def test_secured_properties_deny_by_default_and_keep_no_plaintext_listener(
         tmp_path: Path) -> None:
     plain = server_properties(tmp_path, 9092, 9093)
     assert "sasl" not in plain and "authorizer" not in plain
+    tls = make_tls_files(tmp_path / "tls")
     props = dict(line.split("=", 1) for line in
-                 server_properties(tmp_path, 9092, 9093, "pw").splitlines())
+                 server_properties(tmp_path, 9092, 9093, "pw", tls).splitlines())
     assert props["allow.everyone.if.no.acl.found"] == "false"
     assert props["authorizer.class.name"].endswith("StandardAuthorizer")
     assert props["super.users"] == f"User:{ADMIN_USER}"
-    assert "PLAINTEXT" not in props["listener.security.protocol.map"].replace(
-        "SASL_PLAINTEXT", "")
+    assert props["listener.security.protocol.map"] == "CLIENT:SASL_SSL,CONTROLLER:SASL_SSL"
+    assert props["ssl.keystore.location"] == str(tls.keystore)
     assert props["listener.name.client.sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+
+
+def test_the_dev_ca_signs_a_broker_certificate_for_the_loopback(tmp_path: Path) -> None:
+    import ssl
+
+    from cryptography import x509
+
+    tls = make_tls_files(tmp_path / "tls")
+    for path in (tls.ca, tls.keystore):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    pem = tls.keystore.read_bytes()
+    assert pem.startswith(b"-----BEGIN PRIVATE KEY-----")  # PKCS#8, as Kafka's PEM wants
+    cert = x509.load_pem_x509_certificates(pem)[0]
+    ca = x509.load_pem_x509_certificate(tls.ca.read_bytes())
+    cert.verify_directly_issued_by(ca)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    ssl.create_default_context(cafile=str(tls.ca))  # the clients' context loads it
 
 
 def test_passwords_are_random_and_only_their_owner_reads_them(tmp_path: Path) -> None:
@@ -110,18 +130,20 @@ def test_a_service_env_gives_the_config_it_connects_with(tmp_path: Path) -> None
     info = BrokerInfo(pid=1, port=9092, controller_port=9093, state_dir=str(tmp_path),
                       started_at=0.0, secure=True)
     passwords = write_passwords(info.credentials_dir())
+    make_tls_files(tmp_path / "tls")
     cfg = KafkaConfig.from_env(info.client_env(Service.DECIDE, "t1"))
     assert (cfg.security_protocol, cfg.sasl_mechanism, cfg.sasl_username, cfg.topic_prefix) \
-        == ("SASL_PLAINTEXT", "SCRAM-SHA-512", "decide", "t1")
+        == ("SASL_SSL", "SCRAM-SHA-512", "decide", "t1")
+    assert cfg.ssl_cafile == str(tmp_path / "tls" / "ca.pem")
     assert cfg.sasl_password == passwords["decide"]
     assert info.client_config(Service.DECIDE) == KafkaConfig(
-        bootstrap=info.bootstrap, security_protocol="SASL_PLAINTEXT",
+        bootstrap=info.bootstrap, security_protocol="SASL_SSL",
         sasl_mechanism="SCRAM-SHA-512", sasl_username="decide",
-        sasl_password=passwords["decide"])
+        sasl_password=passwords["decide"], ssl_cafile=cfg.ssl_cafile)
     faust_kw = cfg.faust_broker_kwargs()
     creds = faust_kw["broker_credentials"]
-    assert (creds.username, creds.password, creds.mechanism.value) \
-        == ("decide", passwords["decide"], "SCRAM-SHA-512")
+    assert (creds.username, creds.password, creds.mechanism.value, creds.protocol.value) \
+        == ("decide", passwords["decide"], "SCRAM-SHA-512", "SASL_SSL")
     plain = BrokerInfo(pid=1, port=9092, controller_port=9093, state_dir=str(tmp_path),
                        started_at=0.0)
     assert "TRAINGUARD_KAFKA_SECURITY_PROTOCOL" not in plain.client_env(Service.DECIDE)

@@ -8,13 +8,14 @@ accepts clients and ``stop`` stops it cleanly (SIGTERM, SIGKILL after a grace pe
 A stopped broker restarted without ``fresh`` keeps its data and its ports, so tests and drills
 can take the control plane away and bring it back.
 
-``secure``: the client listener asks for SASL/SCRAM-SHA-512, the StandardAuthorizer denies what
-no ACL allows, and every service of the topic registry gets its own principal (``bus/acl.py``).
-The passwords are generated at format time, bootstrapped into the metadata with
-``StorageTool format --add-scram`` and written to ``<state>/credentials/<user>.password``
-(mode 0600) for the services to read through ``TRAINGUARD_KAFKA_SASL_PASSWORD_FILE``. The
-controller listener takes only the admin (SASL/PLAIN: KRaft cannot use SCRAM there). No TLS:
-on the loopback only; production puts SASL_SSL or mTLS in front (docs/security-broker.md).
+``secure``: the client listener is SASL_SSL with SCRAM-SHA-512, the StandardAuthorizer denies
+what no ACL allows, and every service of the topic registry gets its own principal
+(``bus/acl.py``). The passwords are generated at format time, bootstrapped into the metadata
+with ``StorageTool format --add-scram`` and written to ``<state>/credentials/<user>.password``
+(mode 0600) for the services to read through ``TRAINGUARD_KAFKA_SASL_PASSWORD_FILE``; a fresh
+CA signs the broker's certificate (``dev/tls.py``), which clients verify with
+``TRAINGUARD_KAFKA_SSL_CAFILE``. The controller listener takes only the admin (SASL/PLAIN over
+TLS: KRaft cannot use SCRAM there). See docs/security-broker.md.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 from trainguard.bus.acl import ADMIN_USER
 from trainguard.bus.config import KafkaConfig
 from trainguard.dev.paths import cache_dir, state_dir
+from trainguard.dev.tls import TlsFiles, make_tls_files, tls_files
 from trainguard.dev.toolchain import ensure_java_and_maven
 from trainguard.events.topics import Service
 
@@ -90,6 +92,9 @@ class BrokerInfo:
     def credentials_dir(self) -> Path:
         return Path(self.state_dir) / "credentials"
 
+    def tls(self) -> TlsFiles:
+        return tls_files(Path(self.state_dir) / "tls")
+
     def client_config(self, user: Service | str, *, topic_prefix: str = "tg",
                       client_id: str = "trainguard") -> KafkaConfig:
         """How ``user`` (a service, or the admin) reaches this broker; PLAINTEXT if not secure."""
@@ -97,9 +102,10 @@ class BrokerInfo:
             return KafkaConfig(bootstrap=self.bootstrap, topic_prefix=topic_prefix,
                                client_id=client_id)
         name = str(user.value if isinstance(user, Service) else user)
-        return KafkaConfig(bootstrap=self.bootstrap, security_protocol="SASL_PLAINTEXT",
+        return KafkaConfig(bootstrap=self.bootstrap, security_protocol="SASL_SSL",
                            sasl_mechanism=SCRAM, sasl_username=name,
                            sasl_password=read_password(self.credentials_dir(), name),
+                           ssl_cafile=str(self.tls().ca),
                            topic_prefix=topic_prefix, client_id=client_id)
 
     def client_env(self, user: Service | str, topic_prefix: str = "tg") -> dict[str, str]:
@@ -109,7 +115,8 @@ class BrokerInfo:
         if self.secure:
             name = str(user.value if isinstance(user, Service) else user)
             env.update({
-                "TRAINGUARD_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+                "TRAINGUARD_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                "TRAINGUARD_KAFKA_SSL_CAFILE": str(self.tls().ca),
                 "TRAINGUARD_KAFKA_SASL_MECHANISM": SCRAM,
                 "TRAINGUARD_KAFKA_SASL_USERNAME": name,
                 "TRAINGUARD_KAFKA_SASL_PASSWORD_FILE": str(self.credentials_dir()
@@ -183,8 +190,9 @@ def free_port() -> int:
 
 
 def server_properties(data_dir: Path, port: int, controller_port: int,
-                      admin_password: str | None = None) -> str:
-    """The broker's config; with ``admin_password`` the secured variant (see the module doc)."""
+                      admin_password: str | None = None, tls: TlsFiles | None = None) -> str:
+    """The broker's config; with ``admin_password`` and ``tls`` the secured variant (see the
+    module doc)."""
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1",
@@ -211,11 +219,14 @@ def server_properties(data_dir: Path, port: int, controller_port: int,
         "delete.topic.enable": "true",
     }
     if admin_password is not None:
-        settings.update(_secure_settings(port, controller_port, admin_password))
+        if tls is None:
+            raise BrokerError("a secured broker needs its TLS files")
+        settings.update(_secure_settings(port, controller_port, admin_password, tls))
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 
 
-def _secure_settings(port: int, controller_port: int, admin_password: str) -> dict[str, str]:
+def _secure_settings(port: int, controller_port: int, admin_password: str,
+                     tls: TlsFiles) -> dict[str, str]:
     scram = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
              f'username="{ADMIN_USER}" password="{admin_password}";')
     plain = ("org.apache.kafka.common.security.plain.PlainLoginModule required "
@@ -225,7 +236,13 @@ def _secure_settings(port: int, controller_port: int, admin_password: str) -> di
         "listeners": f"CLIENT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"CLIENT://127.0.0.1:{port}",
         "inter.broker.listener.name": "CLIENT",
-        "listener.security.protocol.map": "CLIENT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+        "listener.security.protocol.map": "CLIENT:SASL_SSL,CONTROLLER:SASL_SSL",
+        # The broker's key and chain; the CA for its own connections to itself.
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(tls.keystore),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tls.ca),
+        "ssl.client.auth": "none",
         "sasl.enabled.mechanisms": SCRAM,
         "sasl.mechanism.inter.broker.protocol": SCRAM,
         "sasl.mechanism.controller.protocol": "PLAIN",
@@ -306,16 +323,19 @@ class KafkaBroker:
         port = previous.port if keep_data and previous else free_port()
         cport = previous.controller_port if keep_data and previous else free_port()
         passwords: dict[str, str] = {}
+        tls: TlsFiles | None = None
         if secure and not keep_data:
             passwords = write_passwords(self.credentials_dir)
+            tls = make_tls_files(self.root / "tls")
         elif secure:
             passwords = {ADMIN_USER: read_password(self.credentials_dir, ADMIN_USER)}
+            tls = tls_files(self.root / "tls")
         props = self.root / "server.properties"
         props.unlink(missing_ok=True)  # it holds the admin password when secured: 0600
         fd = os.open(props, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(server_properties(self.data_dir, port, cport,
-                                       passwords.get(ADMIN_USER)))
+                                       passwords.get(ADMIN_USER), tls))
         log4j = self.root / "log4j.properties"
         log4j.write_text(_LOG4J.format(log=self.root / "kafka-server.log"))
         java = ["java", f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
