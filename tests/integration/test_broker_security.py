@@ -22,12 +22,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAuthorizationFailedError
 
 from tests.integration.conftest import arun, read_events
 from trainguard.bus.acl import ADMIN_USER
 from trainguard.bus.admin import ensure_topics
+from trainguard.bus.config import KafkaConfig
 from trainguard.bus.producer import EventProducer
 from trainguard.dev.kafka import BrokerInfo, KafkaBroker
 from trainguard.events.clock import now_us
@@ -167,9 +168,55 @@ def test_the_streams_worker_runs_under_its_own_principal(secure_broker: BrokerIn
         except subprocess.TimeoutExpired:
             worker.kill()
     assert [(v.kind, v.state) for v in got] == [("xid_drain", "open")], _stderr(worker)
+    # ... sent inside the worker's own transactions (faust only logs a warning when it may
+    # not open one, and then sends without: the broker's transaction log must know them).
+    admin = secure_broker.client_config(ADMIN_USER)
+    assert f"{prefix}-streams-".encode() in arun(_transaction_log_keys(admin))
+
+
+async def _transaction_log_keys(admin: KafkaConfig) -> bytes:
+    """Every key of the broker's transaction log, concatenated (the super user may read it)."""
+    consumer = AIOKafkaConsumer(**admin.client_kwargs(), group_id=None,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        parts = [TopicPartition("__transaction_state", p)
+                 for p in consumer.partitions_for_topic("__transaction_state") or ()]
+        if not parts:
+            await consumer._client.force_metadata_update()
+            parts = [TopicPartition("__transaction_state", p)
+                     for p in consumer.partitions_for_topic("__transaction_state") or ()]
+        consumer.assign(parts)
+        await consumer.seek_to_beginning(*parts)
+        ends = await consumer.end_offsets(parts)
+        keys = b""
+        pending = {tp for tp in parts if ends[tp] > 0}
+        while pending:
+            for tp, records in (await consumer.getmany(*pending, timeout_ms=1000)).items():
+                keys += b"".join(r.key or b"" for r in records)
+                if records and records[-1].offset + 1 >= ends[tp]:
+                    pending.discard(tp)
+        return keys
+    finally:
+        await consumer.stop()
 
 
 def _stderr(proc: subprocess.Popen[bytes]) -> str:
     if proc.poll() is None or proc.stderr is None:
         return ""
     return proc.stderr.read().decode(errors="replace")[-2000:]
+
+
+def test_a_streams_worker_outside_its_own_names_stops_with_one_line(
+        secure_broker: BrokerInfo, prefix: str, tmp_path: Path) -> None:
+    # An app id the ACLs do not give to `streams`: faust would run without transactions
+    # (it only logs a warning); the worker refuses to start instead.
+    env = {**os.environ, **secure_broker.client_env(Service.STREAMS, prefix)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainguard.cli.main", "streams", "--datadir", str(tmp_path),
+         "--app-id", f"{prefix}-elsewhere"],
+        env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TransactionalIdAuthorizationFailed" in lines[0], lines
+    assert f"{prefix}-elsewhere-preflight" in lines[0]

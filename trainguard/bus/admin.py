@@ -168,3 +168,22 @@ async def _described_acls(admin: AIOKafkaAdminClient) -> set[AclBinding]:
                 except ValueError:
                     continue  # a kind of rule this module never creates
     return out
+
+
+async def check_transactions(config: KafkaConfig, transactional_id: str,
+                             timeout_s: float = 30.0) -> str | None:
+    """Why this principal cannot use ``transactional_id`` (None if it can).
+
+    faust opens its exactly-once transactions lazily and, when the broker refuses one, only
+    logs a warning and sends without a transaction: a worker must find out before it starts."""
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import TransactionalIdAuthorizationFailed
+
+    producer = AIOKafkaProducer(**config.client_kwargs(), transactional_id=transactional_id)
+    try:
+        await asyncio.wait_for(producer.start(), timeout_s)
+    except (TransactionalIdAuthorizationFailed, KafkaError) as exc:
+        return f"{type(exc).__name__} for transactional id {transactional_id!r}"
+    finally:
+        await producer.stop()
+    return None
