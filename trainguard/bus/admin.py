@@ -29,13 +29,15 @@ async def ensure_topics(
     names: TopicNames | None = None,
     *,
     partitions: dict[TopicRole, int] | None = None,
-    replication_factor: int = 1,
+    replication_factor: int | None = None,
 ) -> list[TopicState]:
     """Create every registered topic that is missing; report each topic's partitions.
 
     ``partitions`` overrides the registry's count per role (small local brokers, tests).
+    Replicas: ``replication_factor``, else the config's, with its ``min.insync.replicas``.
     An existing topic is left as it is; its actual partition count is reported.
     """
+    replicas = replication_factor or config.replication_factor
     names = names or TopicNames(config.topic_prefix)
     wanted = {
         names.name(s.role): (partitions or {}).get(s.role, s.partitions) for s in TOPIC_SPECS
@@ -48,8 +50,9 @@ async def ensure_topics(
             NewTopic(
                 name=name,
                 num_partitions=count,
-                replication_factor=replication_factor,
-                topic_configs=SPEC_BY_ROLE[names.role_of(name)].configs(),
+                replication_factor=replicas,
+                topic_configs={**SPEC_BY_ROLE[names.role_of(name)].configs(),
+                               "min.insync.replicas": str(config.min_insync_replicas)},
             )
             for name, count in wanted.items()
             if name not in existing

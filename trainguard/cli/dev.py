@@ -8,7 +8,8 @@ import os
 import shlex
 from pathlib import Path
 
-from trainguard.bus.acl import acl_bindings
+from trainguard.bus.acl import ADMIN_USER, acl_bindings
+from trainguard.dev.cluster import ClusterInfo, KafkaCluster
 from trainguard.dev.kafka import USERS, BrokerError, KafkaBroker, fetch_kafka
 
 
@@ -19,7 +20,8 @@ def _default_prefix() -> str:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="development services run as local processes")
     dev_sub = dev.add_subparsers(dest="dev_command", required=True)
-    kafka = dev_sub.add_parser("kafka", help="a real single-node Apache Kafka (KRaft)")
+    kafka = dev_sub.add_parser("kafka", help="a real Apache Kafka (KRaft): one node, or a "
+                               "replicated cluster with --brokers")
     kafka_sub = kafka.add_subparsers(dest="kafka_command", required=True)
     for name, helptext in (
         ("start", "fetch Kafka if needed, start the broker, wait until it accepts clients"),
@@ -45,8 +47,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                            help="SASL/SCRAM-SHA-512 on the client listener, ACLs from the "
                                 "topic registry, one principal per service (needs a new "
                                 "cluster: --fresh unless the data was formatted secured)")
+            p.add_argument("--brokers", type=int, default=1, metavar="N",
+                           help="N combined broker+controller nodes (default 1); with N > 1 "
+                                "topics and changelogs get N replicas and min.insync.replicas "
+                                "--min-insync")
+            p.add_argument("--min-insync", type=int, default=None, metavar="M",
+                           help="min.insync.replicas of a cluster (default 2 of 3; 1 on one "
+                                "broker)")
         if name == "env":
-            p.add_argument("user", choices=USERS, help="the principal to connect as")
+            p.add_argument("user", nargs="?", choices=USERS, default=None,
+                           help="the principal to connect as (a secured broker)")
         if name == "acls":
             p.add_argument("--list", action="store_true",
                            help="print the rules instead of creating them (no broker)")
@@ -59,6 +69,9 @@ def _run(args: argparse.Namespace) -> int:
     if cmd == "fetch":
         print(fetch_kafka())
         return 0
+    cluster = KafkaCluster(args.state_dir)
+    if (cmd == "start" and args.brokers > 1) or (cmd != "start" and cluster.info_file.exists()):
+        return _run_cluster(args, cluster)
     if cmd == "start":
         prefix = args.prefix or _default_prefix()
         try:
@@ -100,7 +113,10 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps({"status": "not running", "state_dir": str(broker.root)}))
         return 3
     if cmd == "env":
-        env = running.client_env(args.user, args.prefix or _default_prefix())
+        if running.secure and args.user is None:
+            print("trainguard dev kafka env: the broker is secured: name the USER to connect as")
+            return 2
+        env = running.client_env(args.user or ADMIN_USER, args.prefix or _default_prefix())
         for key, value in env.items():
             print(f"export {key}={shlex.quote(value)}")
         return 0
@@ -108,3 +124,45 @@ def _run(args: argparse.Namespace) -> int:
                       "state_dir": running.state_dir, "version": running.version,
                       "secure": running.secure}))
     return 0
+
+
+def _run_cluster(args: argparse.Namespace, cluster: KafkaCluster) -> int:
+    cmd = args.kafka_command
+    if cmd == "start":
+        if args.secure:
+            print("trainguard dev kafka start: --secure runs on one broker only (not with "
+                  "--brokers)")
+            return 2
+        try:
+            cluster = KafkaCluster(args.state_dir, size=args.brokers,
+                                   min_insync=args.min_insync)
+            info = cluster.start(fresh=args.fresh, timeout_s=max(args.timeout, 180.0))
+        except BrokerError as exc:
+            print(f"trainguard dev kafka start: {str(exc).splitlines()[0]}")
+            return 1
+        print(json.dumps(_cluster_status(info)))
+        return 0
+    if cmd in ("stop", "kill"):
+        stopped = cluster.stop() if cmd == "stop" else cluster.kill()
+        print(json.dumps({"status": "stopped" if stopped else "not running"}))
+        return 0
+    if cmd == "acls":
+        print("trainguard dev kafka acls: the cluster is not secured")
+        return 1
+    running = cluster.running()
+    if running is None:
+        print(json.dumps({"status": "not running", "state_dir": str(cluster.root)}))
+        return 3
+    if cmd == "env":
+        for key, value in running.client_env(args.prefix or _default_prefix()).items():
+            print(f"export {key}={shlex.quote(value)}")
+        return 0
+    print(json.dumps(_cluster_status(running)))
+    return 0
+
+
+def _cluster_status(info: ClusterInfo) -> dict[str, object]:
+    return {"status": "running", "bootstrap": info.bootstrap, "brokers": len(info.nodes),
+            "pids": [n.pid for n in info.nodes], "state_dir": info.state_dir,
+            "version": info.version, "replication_factor": info.replication_factor,
+            "min_insync_replicas": info.min_insync_replicas}

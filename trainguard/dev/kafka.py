@@ -190,13 +190,16 @@ def free_port() -> int:
 
 
 def server_properties(data_dir: Path, port: int, controller_port: int,
-                      admin_password: str | None = None, tls: TlsFiles | None = None) -> str:
+                      admin_password: str | None = None, tls: TlsFiles | None = None, *,
+                      node_id: int = 1, voters: str | None = None, replication: int = 1,
+                      min_insync: int = 1) -> str:
     """The broker's config; with ``admin_password`` and ``tls`` the secured variant (see the
-    module doc)."""
+    module doc). ``node_id``, ``voters`` (``id@host:port,...``), ``replication`` and
+    ``min_insync``: one node of a multi-node cluster (``dev/cluster.py``)."""
     settings = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "node.id": str(node_id),
+        "controller.quorum.voters": voters or f"{node_id}@127.0.0.1:{controller_port}",
         "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -204,13 +207,13 @@ def server_properties(data_dir: Path, port: int, controller_port: int,
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(data_dir),
         # Single node: internal topics cannot have more replicas than brokers.
-        "offsets.topic.replication.factor": "1",
+        "offsets.topic.replication.factor": str(replication),
         "offsets.topic.num.partitions": "10",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": str(replication),
+        "transaction.state.log.min.isr": str(min_insync),
         "transaction.state.log.num.partitions": "4",
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
+        "default.replication.factor": str(replication),
+        "min.insync.replicas": str(min_insync),
         "group.initial.rebalance.delay.ms": "0",
         # Topics come from the registry, never from a typo in a producer.
         "auto.create.topics.enable": "false",
@@ -296,6 +299,13 @@ class KafkaBroker:
         """``secure``: None keeps what the existing data was formatted with (plain if new);
         a broker is secured (or not) when its storage is formatted, so a change needs
         ``fresh``."""
+        if (self.root / "cluster.json").exists():
+            from trainguard.dev.cluster import KafkaCluster
+
+            if not fresh or KafkaCluster(self.root).running() is not None:
+                raise BrokerError(f"{self.root} holds a multi-node cluster (stop it and start "
+                                  "with --fresh, or use another --state-dir)")
+            shutil.rmtree(self.root)
         current = self.running()
         if current is not None and not fresh:
             if secure is not None and secure != current.secure:
