@@ -10,6 +10,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from trainguard.bus.config import KafkaConfig
+from trainguard.dev.cluster import KafkaCluster
 from trainguard.dev.kafka import KafkaBroker
 
 
@@ -23,6 +24,11 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
 def kafka_config(args: argparse.Namespace, client_id: str = "trainguard") -> KafkaConfig:
     bootstrap = getattr(args, "bootstrap", None)
     if not bootstrap and not os.environ.get("TRAINGUARD_KAFKA_BOOTSTRAP"):
+        cluster = KafkaCluster().running()
+        if cluster is not None:  # the dev cluster: its nodes, and its replication
+            env = {**cluster.client_env(), **os.environ}
+            return KafkaConfig.from_env(env, topic_prefix=getattr(args, "prefix", None),
+                                        client_id=client_id)
         dev = KafkaBroker().running()
         if dev is not None:
             bootstrap = dev.bootstrap
