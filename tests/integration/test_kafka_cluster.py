@@ -1,14 +1,20 @@
 """`dev kafka start --brokers 3`: a real 3-node KRaft cluster. Topics get 3 replicas and
 min.insync.replicas 2; one node SIGKILLed mid-run while an acks=all idempotent producer sends
 and a consumer group reads: no acknowledged event is lost or duplicated, and the consumer
-carries on (its group coordinator may have been on the killed node)."""
+carries on (its group coordinator may have been on the killed node); the exactly-once streams
+worker carries on through a node's death with no verdict missed or repeated."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
@@ -20,8 +26,11 @@ from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.dev.cluster import ClusterInfo, KafkaCluster
+from trainguard.events import encode
+from trainguard.events.codec import partition_key
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
 from trainguard.rules import synth
+from trainguard.streams.app import job_partitioner
 
 
 @pytest.fixture(scope="module")
@@ -130,3 +139,46 @@ def test_a_node_killed_mid_run_loses_no_acknowledged_event(cluster: KafkaCluster
     on_log = Counter(e.event_id for e in read_events(cfg, [TopicRole.TASK], limit_s=60))
     assert set(acked) <= set(on_log), f"{len(set(acked) - set(on_log))} acked events lost"
     assert max(on_log.values()) == 1, "an event was written twice"
+
+
+def test_the_streams_worker_carries_on_when_a_node_dies(cluster: KafkaCluster,
+                                                        tmp_path: Path) -> None:
+    # The exactly-once worker of tests/integration/test_streams_worker.py on the cluster: the
+    # node leading the jobs' task partition is SIGKILLed between the two halves of the log;
+    # the same worker (not restarted) publishes every verdict once, byte-identical.
+    from tests.integration.test_streams_worker import _expected, _publish, _scenario, _verdicts
+
+    info = cluster.running()
+    assert info is not None
+    cfg = _config(info)
+    task = TopicNames(cfg.topic_prefix).name(TopicRole.TASK)
+    events = _scenario()
+    expected = _expected(events)
+    want = sum(len(v) for v in expected.values())
+    half = len(events) // 2
+    env = {**os.environ, **info.client_env(cfg.topic_prefix)}
+    worker = subprocess.Popen([sys.executable, "-m", "trainguard.cli.main", "streams",
+                               "--datadir", str(tmp_path / "w")],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    victims: list[int] = []
+    try:
+        arun(_publish(cfg, events[:half]))
+        assert arun(_verdicts(cfg, 1, limit_s=90), timeout_s=120), "no verdict before the kill"
+        part = job_partitioner(partition_key(events[0]), [0, 1, 2], [0, 1, 2])
+        victims.append(arun(_leaders(cfg, task))[part][0])
+        cluster.kill_node(victims[0])
+        arun(_publish(cfg, events[half:]), timeout_s=120)
+        got = arun(_verdicts(cfg, want, limit_s=150), timeout_s=180)
+        assert worker.poll() is None, "the worker exited"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        for victim in victims:
+            cluster.restart_node(victim)
+    live: dict[str, list[bytes]] = {}
+    for v in got:
+        live.setdefault(v.job_id, []).append(encode(v))
+    assert live == expected  # none missing, none twice, byte-identical

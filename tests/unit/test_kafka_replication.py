@@ -56,8 +56,8 @@ def test_cluster_info_round_trips_and_gives_clients_its_replication(tmp_path: Pa
     info = ClusterInfo(nodes=tuple(NodeInfo(i, 100 + i, 9000 + i, 9100 + i) for i in (1, 2, 3)),
                        state_dir=str(tmp_path), started_at=1.0, replication_factor=3,
                        min_insync_replicas=2)
-    from dataclasses import asdict
     import json
+    from dataclasses import asdict
 
     assert ClusterInfo.from_json(json.dumps(asdict(info))) == info
     assert info.bootstrap == "127.0.0.1:9001,127.0.0.1:9002,127.0.0.1:9003"
