@@ -70,6 +70,10 @@ def _run(args: argparse.Namespace) -> int:
         print(fetch_kafka())
         return 0
     cluster = KafkaCluster(args.state_dir)
+    running_cluster = cluster.running() if cmd == "start" and args.brokers == 1 else None
+    if running_cluster is not None and not args.fresh:  # the running cluster is the broker
+        print(json.dumps(_cluster_status(running_cluster)))
+        return 0
     if (cmd == "start" and args.brokers > 1) or (cmd != "start" and cluster.info_file.exists()):
         return _run_cluster(args, cluster)
     if cmd == "start":
