@@ -22,8 +22,6 @@ from trainguard.dev.kafka import USERS, BrokerInfo, server_properties, write_pas
 from trainguard.dev.tls import make_tls_files
 from trainguard.events.topics import EVENT_ROLES, TOPIC_SPECS, Service, TopicNames, TopicRole
 
-pytestmark = pytest.mark.unit
-
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security-broker.md"
 P = "tg"
 N = TopicNames(P)

@@ -12,8 +12,6 @@ from trainguard.bus.config import KafkaConfig, KafkaConfigError
 from trainguard.dev.cluster import ClusterInfo, KafkaCluster, NodeInfo
 from trainguard.dev.kafka import BrokerError, server_properties
 
-pytestmark = pytest.mark.unit
-
 
 def _props(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines())

@@ -48,8 +48,13 @@ class KafkaConfig:
         password = get("SASL_PASSWORD")
         password_file = get("SASL_PASSWORD_FILE")
         if password_file:
-            with open(password_file, encoding="utf-8") as fh:
-                password = fh.read().strip()
+            try:
+                with open(password_file, encoding="utf-8") as fh:
+                    password = fh.read().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                raise KafkaConfigError(f"TRAINGUARD_KAFKA_SASL_PASSWORD_FILE: {password_file}: "
+                                       f"cannot read it ({why})") from None
         protocol = (get("SECURITY_PROTOCOL") or "PLAINTEXT").upper()
         if protocol not in _PROTOCOLS:
             raise KafkaConfigError(
