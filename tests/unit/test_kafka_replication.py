@@ -26,6 +26,7 @@ def test_single_broker_keeps_one_replica() -> None:
                 "default.replication.factor", "min.insync.replicas",
                 "transaction.state.log.min.isr"):
         assert props[key] == "1", key
+    assert "broker.session.timeout.ms" not in props  # Kafka's default on the single broker
 
 
 def test_replication_comes_from_the_environment_and_is_checked() -> None:
@@ -42,7 +43,9 @@ def test_replication_comes_from_the_environment_and_is_checked() -> None:
 def test_a_cluster_node_config_replicates_everything() -> None:
     voters = "1@127.0.0.1:1,2@127.0.0.1:2,3@127.0.0.1:3"
     props = _props(server_properties(Path("/d"), 9092, 2, node_id=2, voters=voters,
-                                     replication=3, min_insync=2))
+                                     replication=3, min_insync=2, session_timeout_ms=4000))
+    assert props["broker.session.timeout.ms"] == "4000"
+    assert int(props["broker.heartbeat.interval.ms"]) < 4000 // 2
     assert (props["node.id"], props["controller.quorum.voters"]) == ("2", voters)
     assert props["offsets.topic.replication.factor"] == "3"
     assert props["transaction.state.log.replication.factor"] == "3"

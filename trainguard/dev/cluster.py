@@ -36,6 +36,11 @@ from trainguard.dev.kafka import (
 )
 from trainguard.dev.paths import state_dir
 
+# A killed node's partitions get new leaders once the controllers fence it: 4 s instead of
+# Kafka's 9 s (a heartbeat every 0.5 s). bench/bench_failover.py, longest acks=all stall: 7.6
+# and 7.8 s with 9 s; with 3 s once 3.2 s and once 7.6 s (cause not found).
+SESSION_TIMEOUT_MS = 4000
+
 
 @dataclass(frozen=True)
 class NodeInfo:
@@ -164,7 +169,8 @@ class KafkaCluster:
             props = home / "server.properties"
             props.write_text(server_properties(home / "data", port, cport, node_id=node_id,
                                                voters=voters, replication=replication,
-                                               min_insync=min_insync))
+                                               min_insync=min_insync,
+                                               session_timeout_ms=SESSION_TIMEOUT_MS))
             if not keep:
                 fmt = subprocess.run([*self._java(node_id), "kafka.tools.StorageTool", "format",
                                       "-t", cluster_id, "-c", str(props)],

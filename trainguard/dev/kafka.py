@@ -192,10 +192,11 @@ def free_port() -> int:
 def server_properties(data_dir: Path, port: int, controller_port: int,
                       admin_password: str | None = None, tls: TlsFiles | None = None, *,
                       node_id: int = 1, voters: str | None = None, replication: int = 1,
-                      min_insync: int = 1) -> str:
+                      min_insync: int = 1, session_timeout_ms: int | None = None) -> str:
     """The broker's config; with ``admin_password`` and ``tls`` the secured variant (see the
     module doc). ``node_id``, ``voters`` (``id@host:port,...``), ``replication`` and
-    ``min_insync``: one node of a multi-node cluster (``dev/cluster.py``)."""
+    ``min_insync``, ``session_timeout_ms``: one node of a multi-node cluster
+    (``dev/cluster.py``)."""
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(node_id),
@@ -221,6 +222,11 @@ def server_properties(data_dir: Path, port: int, controller_port: int,
         "log.retention.hours": "-1",
         "delete.topic.enable": "true",
     }
+    if session_timeout_ms is not None:
+        # How long the controllers wait for a silent broker before they fence it and move
+        # its partitions' leadership (Kafka's default: 9 s, heartbeats every 2 s).
+        settings["broker.session.timeout.ms"] = str(session_timeout_ms)
+        settings["broker.heartbeat.interval.ms"] = str(max(100, session_timeout_ms // 8))
     if admin_password is not None:
         if tls is None:
             raise BrokerError("a secured broker needs its TLS files")
