@@ -180,13 +180,14 @@ async def check_transactions(config: KafkaConfig, transactional_id: str,
     faust opens its exactly-once transactions lazily and, when the broker refuses one, only
     logs a warning and sends without a transaction: a worker must find out before it starts."""
     from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import TransactionalIdAuthorizationFailed
 
     producer = AIOKafkaProducer(**config.client_kwargs(), transactional_id=transactional_id)
     try:
         await asyncio.wait_for(producer.start(), timeout_s)
-    except (TransactionalIdAuthorizationFailed, KafkaError) as exc:
+    except KafkaError as exc:  # TransactionalIdAuthorizationFailed among them
         return f"{type(exc).__name__} for transactional id {transactional_id!r}"
+    except TimeoutError:
+        return f"no transaction coordinator answered in {timeout_s:.0f}s"
     finally:
         await producer.stop()
     return None

@@ -207,7 +207,8 @@ def server_properties(data_dir: Path, port: int, controller_port: int,
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(data_dir),
-        # Single node: internal topics cannot have more replicas than brokers.
+        # Internal topics as replicated as the topics: 1 on the single broker (no more
+        # replicas than brokers), N with min.insync 2 on a cluster.
         "offsets.topic.replication.factor": str(replication),
         "offsets.topic.num.partitions": "10",
         "transaction.state.log.replication.factor": str(replication),
