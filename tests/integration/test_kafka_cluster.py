@@ -182,3 +182,7 @@ def test_the_streams_worker_carries_on_when_a_node_dies(cluster: KafkaCluster,
     for v in got:
         live.setdefault(v.job_id, []).append(encode(v))
     assert live == expected  # none missing, none twice, byte-identical
+    # faust's changelog (the rules' state) is as replicated as the event topics
+    changelog = f"{cfg.topic_prefix}-streams-engine-state-changelog"
+    assert {n for _leader, n in arun(_leaders(cfg, changelog)).values()} == {3}
+    assert arun(topic_configs(cfg, changelog))["min.insync.replicas"] == "2"
