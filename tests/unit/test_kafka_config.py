@@ -40,3 +40,16 @@ def test_unknown_protocol_is_named() -> None:
 def test_producers_wait_for_all_replicas_with_idempotence() -> None:
     assert PRODUCER_SETTINGS["acks"] == "all"
     assert PRODUCER_SETTINGS["enable_idempotence"] is True
+
+
+def test_an_unreadable_password_file_is_one_line(tmp_path: Path) -> None:
+    base = {"TRAINGUARD_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "TRAINGUARD_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "TRAINGUARD_KAFKA_SASL_USERNAME": "svc"}
+    for path in (tmp_path / "missing", tmp_path):
+        with pytest.raises(KafkaConfigError, match=f"PASSWORD_FILE: {path}: cannot read"):
+            KafkaConfig.from_env({**base, "TRAINGUARD_KAFKA_SASL_PASSWORD_FILE": str(path)})
+    bad = tmp_path / "bad"
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(KafkaConfigError, match="not UTF-8"):
+        KafkaConfig.from_env({**base, "TRAINGUARD_KAFKA_SASL_PASSWORD_FILE": str(bad)})

@@ -33,6 +33,10 @@ class KafkaConfig:
     ssl_keyfile: str | None = None
     topic_prefix: str = "tg"
     client_id: str = "trainguard"
+    # How many copies of every topic (changelogs included) and how many must have a record
+    # before an acks=all producer is answered: 1/1 on the single dev broker, 3/2 on a cluster.
+    replication_factor: int = 1
+    min_insync_replicas: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> KafkaConfig:
@@ -44,8 +48,13 @@ class KafkaConfig:
         password = get("SASL_PASSWORD")
         password_file = get("SASL_PASSWORD_FILE")
         if password_file:
-            with open(password_file, encoding="utf-8") as fh:
-                password = fh.read().strip()
+            try:
+                with open(password_file, encoding="utf-8") as fh:
+                    password = fh.read().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+                raise KafkaConfigError(f"TRAINGUARD_KAFKA_SASL_PASSWORD_FILE: {password_file}: "
+                                       f"cannot read it ({why})") from None
         protocol = (get("SECURITY_PROTOCOL") or "PLAINTEXT").upper()
         if protocol not in _PROTOCOLS:
             raise KafkaConfigError(
@@ -62,6 +71,10 @@ class KafkaConfig:
             "ssl_certfile": get("SSL_CERTFILE"),
             "ssl_keyfile": get("SSL_KEYFILE"),
             "topic_prefix": get("TOPIC_PREFIX") or cls.topic_prefix,
+            "replication_factor": _positive(get("REPLICATION_FACTOR"), "REPLICATION_FACTOR",
+                                            cls.replication_factor),
+            "min_insync_replicas": _positive(get("MIN_INSYNC_REPLICAS"), "MIN_INSYNC_REPLICAS",
+                                             cls.min_insync_replicas),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         cfg = cls(**values)
@@ -69,6 +82,10 @@ class KafkaConfig:
         return cfg
 
     def validate(self) -> None:
+        if not 1 <= self.min_insync_replicas <= self.replication_factor:
+            raise KafkaConfigError(
+                "TRAINGUARD_KAFKA_MIN_INSYNC_REPLICAS: must be between 1 and the replication "
+                f"factor {self.replication_factor} (got {self.min_insync_replicas})")
         if self.security_protocol.startswith("SASL"):
             if self.sasl_mechanism not in _SASL:
                 raise KafkaConfigError(
@@ -86,7 +103,9 @@ class KafkaConfig:
         return (f"KafkaConfig(bootstrap={self.bootstrap!r}, "
                 f"security_protocol={self.security_protocol!r}, "
                 f"sasl_mechanism={self.sasl_mechanism!r}, sasl_username={self.sasl_username!r}, "
-                f"sasl_password={shown!r}, topic_prefix={self.topic_prefix!r})")
+                f"sasl_password={shown!r}, topic_prefix={self.topic_prefix!r}, "
+                f"replication_factor={self.replication_factor}, "
+                f"min_insync_replicas={self.min_insync_replicas})")
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments shared by aiokafka producers, consumers and admin clients."""
@@ -128,3 +147,16 @@ class KafkaConfig:
                 ssl_context=ctx,
             )
         return kw
+
+
+def _positive(raw: str | None, name: str, default: int) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise KafkaConfigError(f"TRAINGUARD_KAFKA_{name}: must be a whole number >= 1 "
+                               f"(got {raw!r})")
+    return value

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from trainguard.bus.config import KafkaConfig
+from trainguard.dev.cluster import KafkaCluster
 from trainguard.dev.kafka import KafkaBroker
 
 EXIT_FAILED = 1  # an unexpected error (its traceback with --debug or TRAINGUARD_DEBUG=1)
@@ -69,9 +70,19 @@ def add_kafka_args(parser: argparse.ArgumentParser) -> None:
 def kafka_config(args: argparse.Namespace, client_id: str = "trainguard") -> KafkaConfig:
     bootstrap = getattr(args, "bootstrap", None)
     if not bootstrap and not os.environ.get("TRAINGUARD_KAFKA_BOOTSTRAP"):
+        cluster = KafkaCluster().running()
+        if cluster is not None:  # the dev cluster: its nodes, and its replication
+            env = {**cluster.client_env(), **os.environ}
+            cluster_cfg = KafkaConfig.from_env(env, topic_prefix=getattr(args, "prefix", None),
+                                               client_id=client_id)
+            args.kafka_bootstrap = cluster_cfg.bootstrap
+            return cluster_cfg
         dev = KafkaBroker().running()
         if dev is not None:
             bootstrap = dev.bootstrap
+            if dev.secure and not os.environ.get("TRAINGUARD_KAFKA_SECURITY_PROTOCOL"):
+                raise CliError(f"the dev broker at {dev.bootstrap} is secured: connect as a "
+                               "service with `eval $(trainguard dev kafka env SERVICE)`")
     cfg = KafkaConfig.from_env(bootstrap=bootstrap, topic_prefix=getattr(args, "prefix", None),
                                client_id=client_id)
     check_bootstrap(cfg.bootstrap)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 from trainguard.cli.common import add_kafka_args, input_file, kafka_config
@@ -41,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from faust import Worker
 
-    from trainguard.bus.admin import topic_partitions
+    from trainguard.bus.admin import check_transactions, topic_partitions
     from trainguard.events.topics import TopicNames, TopicRole
     from trainguard.rules import engine_factory, load_default_rules, load_rules
     from trainguard.streams.app import build_app
@@ -59,6 +60,11 @@ def _run(args: argparse.Namespace) -> int:
                          f"{names.name(TopicRole.TASK)} {partitions}: both are keyed by job and "
                          "must have as many, so a job's records meet in one worker")
     app_id = args.app_id or f"{cfg.topic_prefix}-streams"
+    refused = asyncio.run(check_transactions(cfg, f"{app_id}-preflight"))
+    if refused:  # faust would carry on without exactly-once (it only logs a warning)
+        print(f"trainguard streams: the broker refuses transactions to "
+              f"{cfg.sasl_username or 'this client'}: {refused}", file=sys.stderr)
+        return 2
     app = build_app(cfg, engine_factory(rules, prompt=not args.no_prompt),
                     partitions=partitions, app_id=app_id,
                     datadir=args.datadir or state_dir() / f"streams-{app_id}",

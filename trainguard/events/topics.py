@@ -1,4 +1,5 @@
-"""The topic registry: every topic, its partitions, its key and its retention.
+"""The topic registry: every topic, its partitions, its key, its retention, and which
+service may write and read it (the broker's ACLs are derived from that, ``bus/acl.py``).
 
 The event log keeps everything (``retention.ms=-1``, ``cleanup.policy=delete``): replay and
 audit need the whole history. Compaction is only for derived tables (faust changelogs), which
@@ -23,12 +24,28 @@ class TopicRole(StrEnum):
     DLQ = "dlq"
 
 
+class Service(StrEnum):
+    """Who talks to the broker: one principal each on a secured broker (``bus/acl.py``)."""
+
+    AGENT = "agent"            # node agents: collectors, rank reports, spool replay
+    STREAMS = "streams"        # the faust rules workers
+    DECIDE = "decide"          # verdicts -> commands
+    ACTUATOR = "actuator"      # commands -> outcomes and pool events
+    INCIDENTS = "incidents"    # `incident serve`: the incident fold
+    ALERTS = "alerts"          # incident transitions -> notifications
+    METRICS = "metrics"        # Prometheus exporter over every topic and group lag
+    DRILLS = "drills"          # fault injections and the drills' log tail
+    OPERATOR = "operator"      # read-only tools: events tail, replay, incident list, timeline
+
+
 @dataclass(frozen=True)
 class TopicSpec:
     role: TopicRole
     partitions: int
     key: Literal["job", "source key"]
     description: str
+    writers: frozenset[Service]
+    readers: frozenset[Service]
     retention_ms: int = -1
     cleanup_policy: Literal["delete"] = "delete"
 
@@ -42,20 +59,45 @@ class TopicSpec:
         }
 
 
-TOPIC_SPECS: tuple[TopicSpec, ...] = (
+S = Service
+# Every topic is readable by the read-only tools and the metrics exporter.
+_ALL_SEE = frozenset({S.METRICS, S.OPERATOR})
+_EVENT_SPECS: tuple[TopicSpec, ...] = (
     TopicSpec(TopicRole.TELEMETRY, 12, "job",
               "Per-node telemetry batches and node health; as many partitions as the task "
-              "topic, so a job's telemetry and task events meet in one streams worker."),
+              "topic, so a job's telemetry and task events meet in one streams worker.",
+              writers=frozenset({S.AGENT}),
+              readers=_ALL_SEE | {S.AGENT, S.STREAMS}),
     TopicSpec(TopicRole.TASK, 12, "job",
-              "Step reports, heartbeats, process exits, checkpoints: one job stays ordered."),
-    TopicSpec(TopicRole.VERDICTS, 6, "job", "Verdicts opened and resolved by the streams."),
-    TopicSpec(TopicRole.COMMANDS, 3, "job", "Signed remediation commands."),
-    TopicSpec(TopicRole.OUTCOMES, 3, "job", "Command outcomes from the actuators."),
-    TopicSpec(TopicRole.DRILLS, 3, "job", "Fault injections by drills."),
-    TopicSpec(TopicRole.INCIDENTS, 3, "job", "Incident state transitions."),
-    TopicSpec(TopicRole.DLQ, 3, "source key",
-              "Records refused at the edge, with the reason and the original bytes."),
+              "Step reports, heartbeats, process exits, checkpoints: one job stays ordered.",
+              writers=frozenset({S.AGENT}),
+              readers=_ALL_SEE | {S.AGENT, S.STREAMS, S.DECIDE, S.ACTUATOR, S.INCIDENTS,
+                                  S.DRILLS}),
+    TopicSpec(TopicRole.VERDICTS, 6, "job", "Verdicts opened and resolved by the streams.",
+              writers=frozenset({S.STREAMS}),
+              readers=_ALL_SEE | {S.DECIDE, S.INCIDENTS, S.DRILLS}),
+    TopicSpec(TopicRole.COMMANDS, 3, "job", "Signed remediation commands.",
+              writers=frozenset({S.DECIDE}),
+              readers=_ALL_SEE | {S.DECIDE, S.ACTUATOR, S.INCIDENTS, S.DRILLS}),
+    TopicSpec(TopicRole.OUTCOMES, 3, "job", "Command outcomes from the actuators.",
+              writers=frozenset({S.ACTUATOR}),
+              readers=_ALL_SEE | {S.DECIDE, S.ACTUATOR, S.INCIDENTS, S.DRILLS}),
+    TopicSpec(TopicRole.DRILLS, 3, "job", "Fault injections by drills.",
+              writers=frozenset({S.DRILLS}),
+              readers=_ALL_SEE | {S.DRILLS}),
+    TopicSpec(TopicRole.INCIDENTS, 3, "job", "Incident state transitions.",
+              writers=frozenset({S.INCIDENTS}),
+              readers=_ALL_SEE | {S.ALERTS, S.DRILLS}),
 )
+# Every consumer of an event topic may dead-letter what it cannot decode or verify.
+_CONSUMERS = frozenset(svc for spec in _EVENT_SPECS for svc in spec.readers)
+TOPIC_SPECS: tuple[TopicSpec, ...] = (
+    *_EVENT_SPECS,
+    TopicSpec(TopicRole.DLQ, 3, "source key",
+              "Records refused at the edge, with the reason and the original bytes.",
+              writers=_CONSUMERS, readers=_ALL_SEE),
+)
+del S
 
 SPEC_BY_ROLE = {s.role: s for s in TOPIC_SPECS}
 # Every topic that holds events (the dead-letter topic holds refused bytes, not events).

@@ -75,7 +75,7 @@ def build_app(
         **cfg.faust_broker_kwargs(),
         store="memory://",  # tables are rebuilt from their changelog topics
         processing_guarantee="exactly_once",
-        topic_replication_factor=1,
+        topic_replication_factor=cfg.replication_factor,
         topic_partitions=partitions,
         web_enabled=web_port is not None,
         web_port=web_port or 6066,
@@ -98,7 +98,8 @@ def build_app(
     # use_partitioner: a job's snapshot goes to the changelog partition its key hashes to,
     # the same partition the job's records are on, whatever event is current in a batch.
     state = app.Table("engine-state", default=None, partitions=partitions, key_type=bytes,
-                      value_type=bytes, use_partitioner=True)
+                      value_type=bytes, use_partitioner=True,
+                      extra_topic_configs={"min.insync.replicas": str(cfg.min_insync_replicas)})
     live: dict[str, tuple[JobEngine, JobStore]] = {}
 
     async def refuse(err: ContractError, message: Any, consumer: str) -> None:
