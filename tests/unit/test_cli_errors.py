@@ -58,7 +58,8 @@ class Command:
 
     def files(self) -> list[argparse.Action]:
         """The arguments naming a file the command reads (every positional may be one)."""
-        return [a for a in self.actions() if a.type is input_file or not a.option_strings]
+        return [a for a in self.actions() if a.type is input_file
+                or (not a.option_strings and not a.choices)]  # a choice is no file
 
     @property
     def needs_kafka(self) -> bool:
