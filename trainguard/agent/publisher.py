@@ -14,8 +14,9 @@ killed are uncertain to the next one too (``DiskSpool.uncertain_at_open``).
 The producer is idempotent (``PRODUCER_SETTINGS``), which covers the retries inside one
 producer session; after an outage the publisher starts a new producer (a new producer id the
 broker cannot match to the old one), so duplicates across that boundary are prevented only by
-the reconciliation above, whose look-back is a window of the topic's tail. Consumers that fold
-state dedupe by event id for what gets past it.
+the reconciliation above, whose look-back is a window of the topic's tail, and only once the
+old producer has stopped for good (``_close_producer``). Consumers that fold state dedupe by
+event id for what gets past it.
 """
 
 from __future__ import annotations
@@ -145,9 +146,13 @@ class SpoolPublisher:
         return self._producer
 
     async def _close_producer(self) -> None:
+        """Stop the producer and wait until it can deliver nothing more: aiokafka's ``stop``
+        waits for the batches in flight, which retry until they expire (``request_timeout_ms``
+        = ``send_timeout_s``). Cut short, its sender would go on retrying in the background and
+        could write a batch after ``_reconcile`` read the topic, which then sends it again."""
         if self._producer is not None:
             producer, self._producer = self._producer, None
-            await _quiet_stop(producer)
+            await _quiet_stop(producer, self.send_timeout_s + 10)
 
     def _gauge(self) -> None:
         self.metrics.spool_depth.set(len(self.spool))
@@ -200,9 +205,9 @@ async def _partitions(config: KafkaConfig, topic: str, timeout_s: float) -> list
         await admin.close()
 
 
-async def _quiet_stop(producer: AIOKafkaProducer) -> None:
+async def _quiet_stop(producer: AIOKafkaProducer, timeout_s: float = 5) -> None:
     try:
-        await asyncio.wait_for(producer.stop(), 5)
+        await asyncio.wait_for(producer.stop(), timeout_s)
     except Exception as exc:
         log.debug("producer stop: %s", exc)
 
