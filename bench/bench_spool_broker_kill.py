@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -74,6 +75,18 @@ async def _read(cfg: KafkaConfig, topic: str) -> Counter[bytes]:
         await consumer.stop()
 
 
+class _Unacked(logging.Handler):
+    """Counts the publisher's failed sends (the records it then treats as uncertain)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.episodes = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "records unacked" in record.getMessage():
+            self.episodes += 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=3)
@@ -81,6 +94,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--down-s", type=float, default=1.0)
     args = ap.parse_args()
+    unacked = _Unacked()
+    logging.getLogger("trainguard.agent.publisher").addHandler(unacked)
     with tempfile.TemporaryDirectory(prefix="tg-spool-kill-") as tmp:
         broker = KafkaBroker(Path(tmp) / "kafka")
         info = broker.start(fresh=True, timeout_s=120)
@@ -99,7 +114,7 @@ def main() -> int:
     dups = sum(c - 1 for c in seen.values() if c > 1)
     print(f"put {n}; on the topic {sum(seen.values())} records, {len(seen)} distinct; "
           f"lost {n - len(seen)}; duplicates {dups}; reconciled {publisher.reconciled}; "
-          f"{args.kills} broker SIGKILLs")
+          f"{unacked.episodes} sends unacknowledged; {args.kills} broker SIGKILLs")
     return 0
 
 

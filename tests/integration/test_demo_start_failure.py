@@ -26,9 +26,9 @@ def test_ranks_that_cannot_start_end_the_wait_with_their_own_error(
         doc = ddp_job_doc(JOB, world_size=2, spares=0, ckpt_dir=tmp_path / "ckpt", node=NODE,
                           agent_socket=None, warm=False, log_dir=root / "ranks")
         spec.write_text(yaml.safe_dump(doc, sort_keys=False))
-        stack.start_actuator(JOB, spec, launch=True)
         tail = LogTail(stack.config("trainguard-test"), JOB)
         tail.start()
+        stack.start_actuator(JOB, spec, launch=True)
         try:
             with pytest.raises(DemoError) as failed:
                 wait_for_start(stack, tail, root / "ranks", limit_s=120)

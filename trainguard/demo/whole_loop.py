@@ -101,9 +101,9 @@ def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
                           progress_dir=run_dir / "progress", ckpt_every=10, step_ms=100.0,
                           log_dir=run_dir / "ranks", allow_tmp_ckpt=True)
         spec.write_text(yaml.safe_dump(doc, sort_keys=False))
-        stack.start_actuator(JOB, spec, launch=True)
         tail = LogTail(stack.config("trainguard-demo"), JOB)
-        tail.start()
+        tail.start()  # following the log before the ranks start: a failed start shows at once
+        stack.start_actuator(JOB, spec, launch=True)
         try:
             _drive(stack, tail, out, say)
         except DemoError as exc:
