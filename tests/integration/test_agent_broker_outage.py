@@ -135,3 +135,38 @@ def test_an_uncertain_record_already_written_is_not_sent_again(
     values = arun(scenario())
     assert values == sorted([written.value, fresh.value])  # each exactly once
     assert publisher.reconciled == 1 and len(spool) == 0
+
+
+def test_a_record_sent_by_a_killed_agent_is_not_sent_again_by_the_next(
+    kafka: KafkaConfig, tmp_path: Path
+) -> None:
+    """The uncertain set lives in the spool's journal: an agent killed after sending (the broker
+    wrote the record) and before the ack leaves it uncertain to the agent that restarts."""
+    topic = TopicNames(kafka.topic_prefix).name(TopicRole.TASK)
+    first = DiskSpool(tmp_path / "spool")
+    written = first.put(topic, b"job-k", b'{"sent":"before the kill"}', "step.report", 1)
+    fresh = first.put(topic, b"job-k", b'{"put":"after"}', "step.report", 2)
+    first.sent([written.seq])  # what the killed agent's publisher journaled before sending
+    first.close()  # ... and then it died: no DONE
+    spool = DiskSpool(tmp_path / "spool")
+    assert spool.uncertain_at_open == {written.seq}
+    publisher = SpoolPublisher(spool, kafka, AgentMetrics(), send_timeout_s=5.0)
+
+    async def scenario() -> list[bytes]:
+        async with EventProducer(kafka) as producer:  # the send the broker did write
+            await producer.send_raw(topic, written.value, key=written.key)
+        assert await publisher._publish(spool.head(10))
+        await publisher._close_producer()
+        from aiokafka import AIOKafkaConsumer
+
+        consumer = AIOKafkaConsumer(topic, **kafka.client_kwargs(), group_id=None,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            got = await consumer.getmany(timeout_ms=3000)
+        finally:
+            await consumer.stop()
+        return sorted(r.value for recs in got.values() for r in recs)
+
+    assert arun(scenario()) == sorted([written.value, fresh.value])  # each exactly once
+    assert publisher.reconciled == 1 and len(spool) == 0

@@ -29,6 +29,8 @@ class AgentMetrics:
         self.malformed = Counter("trainguard_agent_malformed_input_total",
                                  "Bad input from a collector's source, by kind", ["kind"],
                                  registry=r)
+        self.spool_corrupt = Counter("trainguard_agent_spool_corrupt_entries_total",
+                                     "Damaged spool journal entries skipped at open", registry=r)
         self.broker_up = Gauge("trainguard_agent_broker_up",
                                "1 while the last publish attempt reached Kafka", registry=r)
         self.collect_seconds = Histogram("trainguard_agent_collect_seconds",

@@ -8,6 +8,15 @@ A failed send has an unknown outcome: the broker may have written the batch and 
 acknowledgement (a broker stopped mid-request does that). Such records are *uncertain*; before
 one is sent again, the publisher reads the tail of its topic and settles it without resending
 if its exact bytes are already there. So an outage neither loses nor duplicates a record.
+The spool journals each send before it happens, so records sent by an agent that was then
+killed are uncertain to the next one too (``DiskSpool.uncertain_at_open``).
+
+The producer is idempotent (``PRODUCER_SETTINGS``), which covers the retries inside one
+producer session; after an outage the publisher starts a new producer (a new producer id the
+broker cannot match to the old one), so duplicates across that boundary are prevented only by
+the reconciliation above, whose look-back is a window of the topic's tail, and only once the
+old producer has stopped for good (``_close_producer``). Consumers that fold state dedupe by
+event id for what gets past it.
 """
 
 from __future__ import annotations
@@ -42,7 +51,9 @@ class SpoolPublisher:
         self.wakeup = asyncio.Event()
         self._producer: AIOKafkaProducer | None = None
         self._entered: dict[int, float] = {}
-        self._uncertain: set[int] = set()
+        # sent but never acknowledged, by this process or (from the journal) an earlier one
+        self._uncertain: set[int] = set(spool.uncertain_at_open)
+        metrics.spool_corrupt.inc(spool.corrupt_entries)
         self.reconciled = 0  # uncertain records found already written, not sent again
 
     def note_put(self, rec: Spooled) -> None:
@@ -75,6 +86,7 @@ class SpoolPublisher:
                 if not head:
                     return True
             producer = await self._ensure_producer()
+            self.spool.sent([r.seq for r in head])  # uncertain from here, restarts included
             futures = [await producer.send(r.topic, value=r.value, key=r.key,
                                            timestamp_ms=r.timestamp_ms) for r in head]
             done, _pending = await asyncio.wait(futures, timeout=self.send_timeout_s)
@@ -134,9 +146,13 @@ class SpoolPublisher:
         return self._producer
 
     async def _close_producer(self) -> None:
+        """Stop the producer and wait until it can deliver nothing more: aiokafka's ``stop``
+        waits for the batches in flight, which retry until they expire (``request_timeout_ms``
+        = ``send_timeout_s``). Cut short, its sender would go on retrying in the background and
+        could write a batch after ``_reconcile`` read the topic, which then sends it again."""
         if self._producer is not None:
             producer, self._producer = self._producer, None
-            await _quiet_stop(producer)
+            await _quiet_stop(producer, self.send_timeout_s + 10)
 
     def _gauge(self) -> None:
         self.metrics.spool_depth.set(len(self.spool))
@@ -189,9 +205,9 @@ async def _partitions(config: KafkaConfig, topic: str, timeout_s: float) -> list
         await admin.close()
 
 
-async def _quiet_stop(producer: AIOKafkaProducer) -> None:
+async def _quiet_stop(producer: AIOKafkaProducer, timeout_s: float = 5) -> None:
     try:
-        await asyncio.wait_for(producer.stop(), 5)
+        await asyncio.wait_for(producer.stop(), timeout_s)
     except Exception as exc:
         log.debug("producer stop: %s", exc)
 

@@ -2,16 +2,23 @@
 
 A ``Message`` is what one chat post says: one notice (the usual case), or a digest of many when
 a storm makes more notices due at once than a channel should post one by one.
+
+Every function that puts user-controlled text (job ids, node names, reasons) into a line takes
+the channel's escaping function (``trainguard.text.escape``), ``plain`` by default; the fixed
+words around it are the same in every format.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from trainguard.alerts.model import Notice, NoticeKind
 from trainguard.events.clock import to_iso
+from trainguard.text import escape
+
+Escape = Callable[[str], str]
 
 MARK = {
     NoticeKind.OPENED: "FAULT",
@@ -33,7 +40,7 @@ class Message:
 
     @property
     def title(self) -> str:
-        return title(self)
+        return title(self)  # plain
 
 
 def group(notices: Sequence[Notice], max_individual: int) -> list[Message]:
@@ -48,52 +55,53 @@ def group(notices: Sequence[Notice], max_individual: int) -> list[Message]:
     return [Message(tuple(notices))]
 
 
-def incident_title(n: Notice) -> str:
+def incident_title(n: Notice, esc: Escape = escape.plain) -> str:
     """The thread title: the same for every message about one incident."""
-    return f"trainguard · {n.job_id} · {n.ref}"
+    return f"trainguard · {esc(n.job_id)} · {esc(n.ref)}"
 
 
-def title(m: Message) -> str:
+def title(m: Message, esc: Escape = escape.plain) -> str:
     if not m.digest:
         n = m.notices[0]
-        return f"[{MARK[n.kind]}] {incident_title(n)}"
+        return f"[{MARK[n.kind]}] {incident_title(n, esc)}"
     counts = Counter(n.kind for n in m.notices)
     parts = ", ".join(f"{counts[k]} {k.value}" for k in NoticeKind if counts[k])
     incidents = len({n.incident_id for n in m.notices})
     return f"[DIGEST] trainguard · {incidents} incidents: {parts}"
 
 
-def where(n: Notice) -> str:
+def where(n: Notice, esc: Escape = escape.plain) -> str:
     parts = []
     if n.node:
-        parts.append(f"node {n.node}")
+        parts.append(f"node {esc(n.node)}")
     if n.rank is not None:
         parts.append(f"rank {n.rank}")
     return ", ".join(parts) or "job-wide"
 
 
-def detail_lines(n: Notice) -> list[str]:
+def detail_lines(n: Notice, esc: Escape = escape.plain) -> list[str]:
     lines = [f"state: {n.state.value}" + (f" (tier {n.tier})" if n.tier else ""),
-             f"where: {where(n)}"]
+             f"where: {where(n, esc)}"]
     if n.reason:
-        lines.append(f"reason: {n.reason}")
+        lines.append(f"reason: {esc(n.reason)}")
     lines.append(f"opened: {to_iso(n.opened_at_us)}")
     if n.kind not in (NoticeKind.OPENED, NoticeKind.REOPENED):
         lines.append(f"{n.kind.value}: {to_iso(n.at_us)} "
                      f"(after {(n.at_us - n.opened_at_us) / 1e6:.1f} s)")
     lines.append(f"transitions: {n.transitions}")
-    lines.append(f"thread: {n.thread_key}")
+    lines.append(f"thread: {esc(n.thread_key)}")
     return lines
 
 
-def digest_line(n: Notice) -> str:
-    return f"[{MARK[n.kind]}] {n.job_id} · {n.ref} · {n.state.value} · {where(n)}"
+def digest_line(n: Notice, esc: Escape = escape.plain) -> str:
+    return (f"[{MARK[n.kind]}] {esc(n.job_id)} · {esc(n.ref)} · {n.state.value} · "
+            f"{where(n, esc)}")
 
 
-def body_lines(m: Message) -> list[str]:
+def body_lines(m: Message, esc: Escape = escape.plain) -> list[str]:
     if not m.digest:
-        return detail_lines(m.notices[0])
-    lines = [digest_line(n) for n in m.notices[:DIGEST_LINES]]
+        return detail_lines(m.notices[0], esc)
+    lines = [digest_line(n, esc) for n in m.notices[:DIGEST_LINES]]
     if len(m.notices) > DIGEST_LINES:
         lines.append(f"... and {len(m.notices) - DIGEST_LINES} more")
     return lines
@@ -104,7 +112,9 @@ def plain_text(m: Message) -> str:
 
 
 def markdown(m: Message) -> str:
-    return "\n".join([f"**{title(m)}**", *(f"- {line}" for line in body_lines(m))])
+    """CommonMark: the title in bold, one bullet per line; user text ``escape.markdown``."""
+    esc = escape.markdown
+    return "\n".join([f"**{title(m, esc)}**", *(f"- {line}" for line in body_lines(m, esc))])
 
 
 def truncate_utf8(text: str, max_bytes: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--datadir", type=Path, help="faust data dir (default $TRAINGUARD_STATE/"
                    "streams-<app id>)")
     p.add_argument("--web-port", type=int, help="faust's web server (default: off)")
+    p.add_argument("--web-addr", default=os.environ.get("TRAINGUARD_STREAMS_WEB_ADDR",
+                                                         "127.0.0.1"),
+                   help="address faust's web server listens on (default "
+                   "$TRAINGUARD_STREAMS_WEB_ADDR or 127.0.0.1: loopback only)")
     p.add_argument("--batch-size", type=int, default=1000, metavar="N",
                    help="most records evaluated per batch (default 1000); a smaller batch "
                    "lets a prompt verdict out sooner when telemetry floods the worker")
@@ -68,7 +73,8 @@ def _run(args: argparse.Namespace) -> int:
     app = build_app(cfg, engine_factory(rules, prompt=not args.no_prompt),
                     partitions=partitions, app_id=app_id,
                     datadir=args.datadir or state_dir() / f"streams-{app_id}",
-                    web_port=args.web_port, batch_size=args.batch_size,
+                    web_port=args.web_port, web_addr=args.web_addr,
+                    batch_size=args.batch_size,
                     batch_within_s=args.batch_within,
                     commit_interval_s=args.commit_interval)
     log.warning("streams %s: %d partitions, rules %s", app_id, partitions, rules.version)

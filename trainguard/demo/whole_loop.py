@@ -13,7 +13,12 @@
    log (`trainguard incident list/show`, the four questions answered), the replay check
    reproduces them, and the chat receiver's messages are counted.
 
-Everything it writes stays under ``.run/demo/<time>/`` (logs, checkpoints, the HTML timelines).
+Everything it writes stays under ``.run/demo/<time>/`` (logs, checkpoints, the HTML timelines),
+wherever the clone is: the job runs on this one node, so its checkpoints may live there even
+under ``/tmp`` (``--allow-tmp-ckpt``). Ranks that cannot start end the demo at once with the
+rank's own error line, not after the start-up wait. The job is ended with the node agent
+already stopped: the exits of its ranks are the demo's doing, not a fault, and no incident is
+left open by them (decide is stopped first for the same reason).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import yaml
 
 from trainguard.actuators.jobspec import ddp_job_doc
@@ -94,26 +100,27 @@ def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
         doc = ddp_job_doc(JOB, world_size=WORLD, spares=1, ckpt_dir=run_dir / "ckpt",
                           node=NODE, agent_socket=stack.agent_socket,
                           progress_dir=run_dir / "progress", ckpt_every=10, step_ms=100.0,
-                          log_dir=run_dir / "ranks")
+                          log_dir=run_dir / "ranks", allow_tmp_ckpt=True)
         spec.write_text(yaml.safe_dump(doc, sort_keys=False))
-        stack.start_actuator(JOB, spec, launch=True)
         tail = LogTail(stack.config("trainguard-demo"), JOB)
-        tail.start()
+        tail.start()  # following the log before the ranks start: a failed start shows at once
+        stack.start_actuator(JOB, spec, launch=True)
         try:
             _drive(stack, tail, out, say)
+        except DemoError as exc:
+            say(f"[demo] FAILED: {exc}")  # now, not after the teardown
+            raise
         finally:
             tail.stop()
             say("[demo] ending the job (fenced and recorded on the log)")
             out.ended_at = now_us()
-            stack.stop("decide")  # the job's end is no fault to remediate
-            stack.stop(f"actuator-{JOB}")
-            subprocess.run(stack.cli("actuator", "--job-spec", str(spec), "--state-dir",
-                                     str(run_dir / f"actuator-{JOB}"), "--key-file",
-                                     str(stack.key_file), "--teardown"),
-                           check=False, timeout=120, stdout=subprocess.DEVNULL)
+            end_job(stack, spec)
         _wait_for(lambda: _settled(_faults(stack, out.ended_at)), 60,
                   "the incident service to settle the faults' incidents")
         out.incidents = _faults(stack, out.ended_at)
+        left = open_incidents(stack)
+        if left:
+            say(f"[demo] still open: {', '.join(i[:12] for i in left)}")
         _wait_for(lambda: len(rx.records()) >= 2 * len(out.incidents), 30,
                   "an opening and an ending message per incident")
         out.chat_messages = len(rx.records())
@@ -121,11 +128,67 @@ def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
     return out
 
 
+def end_job(stack: LocalStack, spec: Path) -> None:
+    """End the job: its ranks stop for good and their units are fenced, on the log.
+
+    decide goes first (the job's end is no fault to remediate), then the node agent (the
+    ranks' exits are the demo's doing: seen, they would open a ``process_exit`` incident that
+    nothing resolves), then the actuator, whose ``--teardown`` stops every replica."""
+    stack.stop("decide")
+    stack.stop("agent")
+    stack.stop(f"actuator-{JOB}")
+    subprocess.run(stack.cli("actuator", "--job-spec", str(spec), "--state-dir",
+                             str(stack.root / f"actuator-{JOB}"), "--key-file",
+                             str(stack.key_file), "--teardown"),
+                   check=False, timeout=120, stdout=subprocess.DEVNULL)
+
+
+def wait_for_start(stack: LocalStack, tail: LogTail, log_dir: Path, limit_s: float = 300) -> None:
+    """Until every rank steps and 2 checkpoints are written; a rank that exits first ends the
+    wait at once, with the last line of its log (its own error)."""
+    _wait_for(lambda: view(tail.events()).checkpoints >= 2
+              and len(view(tail.events()).steps_at_epoch) == WORLD, limit_s,
+              "the job to start and checkpoint", stack,
+              failed=lambda: start_failure(tail.events(), log_dir))
+
+
+def start_failure(events: list[Event], log_dir: Path,
+                  alive: Callable[[int], bool] | None = None) -> str | None:
+    """The first bound replica that is no longer running, with its log's last line; None
+    while every replica the pool bound runs."""
+    running = alive or _running
+    bound: dict[int, tuple[int, int | None]] = {}
+    for e in events:
+        p = e.payload
+        if isinstance(p, PoolUnit) and p.state is UnitState.BOUND and p.pid and \
+                p.rank is not None:
+            bound[p.rank] = (p.pid, p.epoch)
+    for rank, (pid, epoch) in sorted(bound.items()):
+        if not running(pid):
+            line = last_line(log_dir / f"{JOB}-rank{rank}-e{epoch}.log")
+            return f"rank {rank} (pid {pid}) exited before the job started: {line}"
+    return None
+
+
+def last_line(path: Path) -> str:
+    """The last non-blank line of a log, or why there is none."""
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError as exc:
+        return f"(no log: {exc})"
+    return lines[-1].strip() if lines else f"(nothing in {path})"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _drive(stack: LocalStack, tail: LogTail, out: DemoOutcome, say: Say) -> None:
     say("[demo] waiting for the job: 4 ranks stepping, 2 checkpoints written")
-    _wait_for(lambda: view(tail.events()).checkpoints >= 2
-              and len(view(tail.events()).steps_at_epoch) == WORLD, 300,
-              "the job to start and checkpoint", stack)
+    wait_for_start(stack, tail, out.run_dir / "ranks")
     # 1. worker exit
     victim = _pid_of(tail.events(), rank=3)
     base_epoch = view(tail.events()).epoch
@@ -227,6 +290,15 @@ def _faults(stack: LocalStack, ended_at: int) -> dict[str, IncidentState]:
     return {i: s for i, s in latest.items() if opened[i] < ended_at}
 
 
+def open_incidents(stack: LocalStack) -> list[str]:
+    """Incidents of the job whose latest state is not an end, whenever they opened."""
+    latest: dict[str, IncidentState] = {}
+    for e in read_job_log(stack.config("trainguard-demo"), JOB, limit_s=30):
+        if isinstance(e.payload, IncidentTransition):
+            latest[e.payload.incident_id] = e.payload.to_state
+    return [i for i, s in latest.items() if s not in ENDS]
+
+
 def _settled(incidents: dict[str, IncidentState]) -> bool:
     return bool(incidents) and all(s in ENDS for s in incidents.values())
 
@@ -253,11 +325,15 @@ def _cli_text(stack: LocalStack, *args: str) -> str:
 
 
 def _wait_for(ok: Callable[[], bool], limit_s: float, what: str,
-              stack: LocalStack | None = None) -> None:
+              stack: LocalStack | None = None,
+              failed: Callable[[], str | None] | None = None) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if ok():
             return
+        why = failed() if failed is not None else None
+        if why is not None:
+            raise DemoError(f"while waiting for {what}: {why}")
         if stack is not None and stack.dead():
             died = ", ".join(f"{s.name}:\n{s.tail()}" for s in stack.dead())
             raise DemoError(f"while waiting for {what}, a service died: {died}")

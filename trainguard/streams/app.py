@@ -58,6 +58,7 @@ def build_app(
     app_id: str | None = None,
     datadir: Path | None = None,
     web_port: int | None = None,
+    web_addr: str = "127.0.0.1",
     batch_size: int = 1000,
     batch_within_s: float = 0.05,
     commit_interval_s: float = 0.2,
@@ -68,7 +69,10 @@ def build_app(
 
     Latency: a verdict is visible to read-committed consumers once the transaction that sent
     it commits, so ``commit_interval_s`` (plus up to ``batch_within_s`` of batching) bounds
-    what the worker adds to the rules' own decision time."""
+    what the worker adds to the rules' own decision time.
+
+    faust's web view (``web_port``; off by default) listens on ``web_addr`` only, loopback
+    unless told otherwise: it shows the worker's tables and internals, without authentication."""
     names = TopicNames(cfg.topic_prefix)
     app = faust.App(
         app_id or f"{cfg.topic_prefix}-streams",
@@ -79,6 +83,7 @@ def build_app(
         topic_partitions=partitions,
         web_enabled=web_port is not None,
         web_port=web_port or 6066,
+        web_bind=web_addr,  # faust's default is every interface
         datadir=str(datadir) if datadir else None,
         consumer_auto_offset_reset="earliest",
         broker_commit_every=max(batch_size, 500),

@@ -1,12 +1,13 @@
 """The timeline as one self-contained HTML page: inline CSS and an inline SVG swimlane chart,
-no script, no external reference (it opens offline, from a file or a chat attachment)."""
+no script, no external reference (it opens offline, from a file or a chat attachment). Every
+text that is not this module's own goes through ``escape.html``, attributes included."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from html import escape
 
 from trainguard.events.clock import to_iso
+from trainguard.text.escape import html as escape
 from trainguard.timeline.fmt import clock, duration, rel, state_line
 from trainguard.timeline.model import TRACK_TITLES, TRACKS, Mark, Timeline
 
@@ -51,7 +52,7 @@ def render_html(tl: Timeline) -> str:
     for i, a in enumerate(tl.answers, 1):
         when = f"{clock(a.time)} ({rel(a.time, zero)})" if a.time is not None else "—"
         cls = "answer" if a.answered else "answer missing"
-        parts.append(f'<li class="{cls}" data-question="{a.key}"><span class="q">Q{i}. '
+        parts.append(f'<li class="{cls}" data-question="{escape(a.key)}"><span class="q">Q{i}. '
                      f'{escape(a.question)}</span><span class="when">{escape(when)}</span>'
                      f'<div class="text">{escape(a.text)}</div></li>')
     parts.append('</ol><h2>Swimlanes</h2><div id="chart">')
@@ -137,7 +138,7 @@ def swimlanes(tl: Timeline) -> str:
     for i, a in enumerate(tl.answers, 1):
         if a.time is None:
             continue
-        qlines.append(f'<g class="qmark" data-question="{a.key}"><line class="qline" '
+        qlines.append(f'<g class="qmark" data-question="{escape(a.key)}"><line class="qline" '
                       f'x1="{x(a.time)}" y1="{TOP}" x2="{x(a.time)}" y2="{height + 11 * i}"/>'
                       f'<text x="{x(a.time) + 3}" y="{height + 11 * i}">Q{i}</text>'
                       f"<title>{escape(a.question)} {escape(a.text)}</title></g>")
@@ -151,7 +152,7 @@ def _mark(m: Mark, fx: Callable[[int], float], ly: int) -> str:
     colour = COLOURS.get(m.level, COLOURS["info"])
     title = f"<title>{escape(clock(m.time))} {escape(m.label)}"
     title += f" — {escape(m.detail)}</title>" if m.detail else "</title>"
-    attrs = f'class="mark" data-level="{m.level}"'
+    attrs = f'class="mark" data-level="{escape(m.level)}"'
     if m.end is not None and m.end > m.time:
         w = max(fx(m.end) - fx(m.time), 2.0)
         return (f'<g {attrs}><rect x="{fx(m.time)}" y="{ly + 4}" width="{w:.1f}" height="10" '

@@ -1,23 +1,21 @@
-"""The timeline as Markdown (tables per track)."""
+"""The timeline as Markdown (tables per track). Every text that is not this module's own goes
+through ``escape.markdown``: no raw HTML, no Markdown construct, no broken table row."""
 
 from __future__ import annotations
 
 from trainguard.events.clock import to_iso
+from trainguard.text.escape import markdown as _cell
 from trainguard.timeline.fmt import clock, duration, rel, state_line
 from trainguard.timeline.model import TRACK_TITLES, TRACKS, Timeline
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def render_markdown(tl: Timeline) -> str:
     zero = tl.opened_at
     out = [
-        f"# Incident `{tl.incident_id}`",
+        f"# Incident {_cell(tl.incident_id)}",
         "",
-        f"- job: `{tl.job_id}`; subject: {tl.subject}",
-        f"- state: **{state_line(tl)}**; verdicts: {', '.join(tl.verdict_kinds)}",
+        f"- job: {_cell(tl.job_id)}; subject: {_cell(tl.subject)}",
+        f"- state: **{_cell(state_line(tl))}**; verdicts: {_cell(', '.join(tl.verdict_kinds))}",
         f"- opened {to_iso(tl.opened_at)}, closed "
         f"{to_iso(tl.closed_at) if tl.closed_at else '-'} ({duration(tl)})",
         "",
@@ -28,12 +26,12 @@ def render_markdown(tl: Timeline) -> str:
     ]
     for i, a in enumerate(tl.answers, 1):
         at = f"{clock(a.time)} ({rel(a.time, zero)})" if a.time is not None else "-"
-        out.append(f"| {i} | {a.question} | {at} | {_cell(a.text)} |")
+        out.append(f"| {i} | {_cell(a.question)} | {at} | {_cell(a.text)} |")
     out += ["", "## Transitions", "", "| time | T+ | from | to | tier | reason |",
             "|---|---|---|---|---|---|"]
     for s in tl.transitions:
-        out.append(f"| {clock(s.time)} | {rel(s.time, zero)} | {s.from_state or '-'} | "
-                   f"{s.to_state} | {s.tier if s.tier is not None else '-'} | "
+        out.append(f"| {clock(s.time)} | {rel(s.time, zero)} | {_cell(s.from_state or '-')} | "
+                   f"{_cell(s.to_state)} | {s.tier if s.tier is not None else '-'} | "
                    f"{_cell(s.reason)} |")
     for track in TRACKS:
         out += ["", f"## {TRACK_TITLES[track]}", ""]

@@ -14,6 +14,7 @@ from trainguard.alerts.render import Message, body_lines, title
 from trainguard.alerts.reply import ReplyCheck
 from trainguard.alerts.secrets import Secret, shown_url
 from trainguard.alerts.signing import feishu_sign
+from trainguard.text import escape
 
 FEISHU_LIMITS = (Limit(5, 1.0), Limit(100, 60.0))
 FEISHU_REPLY = ReplyCheck(code_keys=("code", "StatusCode"), retry_codes=frozenset({9499, 11232}))
@@ -39,8 +40,9 @@ class FeishuChannel:
             body["sign"] = feishu_sign(ts, self.secret.reveal())
         body["msg_type"] = "post"
         body["content"] = {"post": {"zh_cn": {
-            "title": title(message),
-            "content": [[{"tag": "text", "text": line}] for line in body_lines(message)],
+            "title": title(message, escape.feishu),
+            "content": [[{"tag": "text", "text": line}]
+                        for line in body_lines(message, escape.feishu)],
         }}}
         return HttpRequest(url=self.url.reveal(), body=json.dumps(body).encode(),
                            shown=shown_url(self.url.reveal()), check=FEISHU_REPLY)

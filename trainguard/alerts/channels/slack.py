@@ -16,6 +16,7 @@ from trainguard.alerts.ratelimit import Limit
 from trainguard.alerts.render import Message, body_lines, title, truncate_utf8
 from trainguard.alerts.reply import ReplyCheck
 from trainguard.alerts.secrets import Secret, shown_url
+from trainguard.text import escape
 
 SLACK_LIMITS = (Limit(1, 1.0),)
 MAX_TEXT_BYTES = 39_000
@@ -33,7 +34,8 @@ class SlackChannel:
         return ChannelPolicy(self.name, "slack", self.limits, self.max_individual)
 
     def build(self, message: Message, now_s: float) -> HttpRequest:
-        text = "\n".join([f"*{title(message)}*", *body_lines(message)])
+        esc = escape.slack  # a node named <!channel> must not ping the channel
+        text = "\n".join([f"*{title(message, esc)}*", *body_lines(message, esc)])
         body = {"text": truncate_utf8(text, MAX_TEXT_BYTES), "unfurl_links": False,
                 "unfurl_media": False}
         return HttpRequest(url=self.url.reveal(), body=json.dumps(body).encode(),

@@ -1,0 +1,1 @@
+"""Text that crosses into an output format: one escaping function per format."""
