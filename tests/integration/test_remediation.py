@@ -24,6 +24,7 @@ import psutil
 import pytest
 import yaml
 
+from tests import keys
 from tests.integration.conftest import arun, read_events
 from trainguard.actuators import cgroups
 from trainguard.actuators.fencing import stop_process
@@ -47,7 +48,6 @@ from trainguard.events.payloads import (
 from trainguard.events.topics import TopicRole
 from trainguard.workload.progress import read_progress
 
-KEY = "remediation-test-key-0123456789"
 WORLD = 4
 BATCH = 8
 CKPT_EVERY = 5
@@ -127,7 +127,7 @@ class Loop:
                     for r in range(WORLD)] + [{"name": "spare", "cpus": [1], "labels": {
                         "rack": "r1", "reserved_for": self.job}}]}
         (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
-        env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY}
+        env = {**os.environ, **keys.env()}
         base = [sys.executable, "-m", "trainguard.cli.main"]
         kafka_args = ["--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix]
         self.procs = [
@@ -274,7 +274,7 @@ def test_a_killed_rank_is_fenced_migrated_and_resumed_from_its_checkpoint(
                     loop.kafka.bootstrap, "--prefix", loop.kafka.topic_prefix, "--job-spec",
                     str(loop.tmp / "job.yaml"), "--state-dir", str(loop.tmp / "state"),
                     "--no-cgroups", "--teardown"], check=True, timeout=60,
-                   env={**os.environ, "TRAINGUARD_COMMAND_KEY": KEY})
+                   env={**os.environ, **keys.env()})
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
                    for pid in new.values())
     last = [e.payload for e in loop.log() if isinstance(e.payload, PoolUnit)]

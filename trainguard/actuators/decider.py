@@ -1,10 +1,16 @@
 """`trainguard decide`: the decision service, the only holder of the command signing key.
 
 It reads verdicts, commands, outcomes (with the pool) and checkpoint events, folds them through
-the pure policy (``policy.py``), and publishes each decision as a signed ``command``. At start
-it reads every topic from the beginning to rebuild its state; decisions derived during that
-catch-up are published only if their idempotency key is not already on the commands topic, so
-a restarted service does not repeat itself.
+the pure policy (``policy.py``), and publishes each decision as a ``command`` signed with its
+Ed25519 key. At start it reads every topic from the beginning to rebuild its state; decisions
+derived during that catch-up are published only if their idempotency key is not already on
+the commands topic, so a restarted service does not repeat itself.
+
+What it believes (``signing.Trust``): a command only when it verifies with decide's own public
+key, an outcome or pool event only when it verifies with a trusted actuator key. Anything else
+of those types is dead-lettered by the consumer and never reaches the policy: a forged command
+cannot count as issued (squatting the idempotency key derived from a visible verdict id), and a
+forged ``pool.unit`` cannot move a rank or an epoch.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ INPUT_TYPES = frozenset({"verdict", "command", "command.outcome", "pool.unit", "
 
 @dataclass(frozen=True)
 class DeciderOptions:
-    key: bytes
+    key: signing.PrivateKey
+    actuators: signing.KeySet = field(default_factory=signing.KeySet)  # trusted actuator keys
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     tick_s: float = 0.25
     jobs: frozenset[str] | None = None  # None: every job
@@ -45,6 +52,8 @@ class Decider:
         self.opts = opts
         self.state = PolicyState()
         self.producer: EventProducer | None = None  # made inside the running loop
+        self.trust = signing.Trust(decide=signing.KeySet.of([opts.key.public()]),
+                                   actuators=opts.actuators)
 
     def _wanted(self, event: Event) -> bool:
         return event.type in INPUT_TYPES and (self.opts.jobs is None
@@ -77,7 +86,8 @@ class Decider:
         self.producer = EventProducer(self.cfg)
         await self.producer.start()
         consumer = EventConsumer(self.cfg, ROLES, group_id=None, name="decide",
-                                 dlq=self.producer, from_offset="earliest")
+                                 dlq=self.producer, from_offset="earliest",
+                                 check=self.trust.check)
         await consumer.start()
         seen: dict[str, int] = {}
         try:

@@ -28,8 +28,9 @@ from trainguard.actuators.backend import Released, Replica
 from trainguard.actuators.fencing import is_replica_of, stop_process
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 
-# never handed to a rank: the command key and the Kafka credentials stay with the services
-SECRET_ENV = ("TRAINGUARD_COMMAND_KEY", "TRAINGUARD_KAFKA_SASL_PASSWORD")
+# never handed to a rank: the signing keys and the Kafka credentials stay with the services
+SECRET_ENV = ("TRAINGUARD_COMMAND_KEY", "TRAINGUARD_ACTUATOR_KEY",
+              "TRAINGUARD_KAFKA_SASL_PASSWORD")
 
 
 class LocalBackend:

@@ -8,7 +8,7 @@ its offset committed past. Valid records before and after it are delivered as us
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +20,12 @@ from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode
 from trainguard.events.envelope import Event
-from trainguard.events.errors import ContractError
+from trainguard.events.errors import ContractError, FieldError
 from trainguard.events.topics import TopicNames, TopicRole
 
 log = logging.getLogger(__name__)
+# Why a decoded event must not be believed (a signature that does not verify), or None.
+Check = Callable[[Event], str | None]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class EventConsumer:
         dlq: EventProducer | None,
         names: TopicNames | None = None,
         from_offset: str = "earliest",
+        check: Check | None = None,
         **settings: Any,
     ) -> None:
         self.names = names or TopicNames(config.topic_prefix)
@@ -65,6 +68,7 @@ class EventConsumer:
         self.name = name
         self.stats = ConsumerStats()
         self._dlq = dlq
+        self._check = check  # e.g. ``signing.Trust.check``: refused like a bad record
         self._dlq_topic = self.names.name(TopicRole.DLQ)
         self._consumer = AIOKafkaConsumer(
             *self.topics,
@@ -97,6 +101,12 @@ class EventConsumer:
                 event = decode(rec.value)
             except ContractError as err:
                 await self._dead_letter(err, rec)
+                continue
+            bad = self._check(event) if self._check is not None else None
+            if bad is not None:
+                sig = getattr(event.payload, "signature", None)
+                await self._dead_letter(ContractError([FieldError("payload.signature", sig,
+                                                                  bad)]), rec)
                 continue
             good.append(Delivered(event, rec.topic, rec.partition, rec.offset))
         self.stats.delivered += len(good)

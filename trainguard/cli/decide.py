@@ -11,8 +11,11 @@ from trainguard.cli.common import add_kafka_args, kafka_config, run_until_stoppe
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("decide", help="run the remediation policy: verdicts -> signed commands")
     add_kafka_args(p)
-    p.add_argument("--key-file", type=Path, help="command signing key (default "
+    p.add_argument("--key-file", type=Path, help="Ed25519 command signing key (default "
                    "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
+    p.add_argument("--actuator-pubkeys", type=Path, help="trusted actuator public keys: "
+                   "outcomes and pool events are believed only when signed by one (default "
+                   "$TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else $TRAINGUARD_ACTUATOR_PUBKEYS)")
     p.add_argument("--job", action="append", help="only these jobs (default: every job)")
     p.add_argument("--window-s", type=float, default=5.0,
                    help="one policy window, in seconds (default 5)")
@@ -38,10 +41,11 @@ def _run(args: argparse.Namespace) -> int:
     from trainguard.actuators import metrics
     from trainguard.actuators.decider import Decider, DeciderOptions
     from trainguard.actuators.policy import PolicyConfig
-    from trainguard.actuators.signing import SigningKeyError, load_key
+    from trainguard.actuators.signing import SigningKeyError, load_actuator_pubkeys, load_key
 
     try:
         key = load_key(key_file=args.key_file)
+        actuators = load_actuator_pubkeys(key_file=args.actuator_pubkeys)
         pol = PolicyConfig(window_s=args.window_s, tier_windows=args.tier_windows,
                            settle_s=args.settle_s, quota_pct=args.quota_pct,
                            storm_restarts=args.storm_restarts,
@@ -52,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"trainguard decide: {exc}") from None
     cfg = kafka_config(args, client_id="trainguard-decide")
     metrics.serve(args.metrics_port)
-    decider = Decider(cfg, DeciderOptions(key=key, policy=pol,
+    decider = Decider(cfg, DeciderOptions(key=key, actuators=actuators, policy=pol,
                                           jobs=frozenset(args.job) if args.job else None))
     run_until_stopped(decider.run)
     return 0

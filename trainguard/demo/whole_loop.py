@@ -107,8 +107,8 @@ def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
             stack.stop("decide")  # the job's end is no fault to remediate
             stack.stop(f"actuator-{JOB}")
             subprocess.run(stack.cli("actuator", "--job-spec", str(spec), "--state-dir",
-                                     str(run_dir / f"actuator-{JOB}"), "--key-file",
-                                     str(stack.key_file), "--teardown"),
+                                     str(run_dir / f"actuator-{JOB}"),
+                                     *stack.actuator_key_args(), "--teardown"),
                            check=False, timeout=120, stdout=subprocess.DEVNULL)
         _wait_for(lambda: _settled(_faults(stack, out.ended_at)), 60,
                   "the incident service to settle the faults' incidents")

@@ -286,6 +286,7 @@ class CommandOutcome(Payload):
     finished_at: TimeUs | None = None
     detail: Annotated[str, Field(max_length=4096)] = ""
     data: FlatMap = Field(default_factory=dict)
+    signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 
 # --- the pool: units and replicas ---------------------------------------------------------
@@ -318,6 +319,7 @@ class PoolUnit(Payload):
     reason: Annotated[str, Field(max_length=4096)] = ""
     resources: FlatMap = Field(default_factory=dict)
     released: list[str] = Field(default_factory=list)
+    signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 
 class ReplicaRefused(Payload):
@@ -330,6 +332,7 @@ class ReplicaRefused(Payload):
     pid: Annotated[int, Field(gt=0)] | None = None
     action: Literal["discarded", "killed", "already_gone"]
     reason: Annotated[str, Field(max_length=4096)] = ""
+    signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 
 # --- drills and incidents ------------------------------------------------------------------
