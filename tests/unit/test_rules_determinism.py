@@ -269,4 +269,5 @@ def test_prompt_lane_retracts_an_exit_a_newer_replica_makes_stale() -> None:
               for v in out if isinstance(v.payload, Verdict)]
     assert states == [("process_exit", "open", None), ("process_exit", "resolved", True)]
     assert engine.stats()["retracted"] == 1 and engine.stats()["stale"] == 1
-    assert [v for v in run([*steps, new_binding, new_report, ghost_exit])] == []  # ordered: nothing at all
+    # in event-time order: nothing at all
+    assert [v for v in run([*steps, new_binding, new_report, ghost_exit])] == []

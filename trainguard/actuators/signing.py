@@ -181,6 +181,22 @@ def sign_event(key: PrivateKey, event: Event) -> Event:
     return event.model_copy(update={"payload": payload.model_copy(update={"signature": sig})})
 
 
+def sign_log(events: Iterable[Event], command_key: PrivateKey,
+             actuator_key: PrivateKey) -> list[Event]:
+    """Every event of a signed type signed by its signer (synthetic logs for tests, drills and
+    the demo: what decide and the actuator would have written)."""
+    out: list[Event] = []
+    for ev in events:
+        signer = BY_NAME[ev.type].signed_by
+        if signer is Signer.DECIDE and isinstance(ev.payload, Command):
+            ev = ev.model_copy(update={"payload": sign(command_key, ev.job_id, ev.subject,
+                                                       ev.payload)})
+        elif signer is Signer.ACTUATOR:
+            ev = sign_event(actuator_key, ev)
+        out.append(ev)
+    return out
+
+
 def _signature(payload: Payload) -> object:
     return getattr(payload, "signature", None)
 

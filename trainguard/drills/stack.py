@@ -175,8 +175,9 @@ class LocalStack:
         return svc
 
     def start_streams(self) -> Service:
-        return self._start("streams", self.cli("streams", "--datadir",
-                                                str(self.root / "streams")))
+        return self._start("streams", self.cli(
+            "streams", "--datadir", str(self.root / "streams"), "--actuator-pubkeys",
+            str(self.keys / signing.ACTUATOR_PUBS)))
 
     def start_decide(self, window_s: float = 3.0, settle_s: float = 1.5) -> Service:
         return self._start("decide", self.cli(
@@ -184,8 +185,10 @@ class LocalStack:
             "--settle-s", str(settle_s), "--outcome-timeout-s", "120"))
 
     def start_incidents(self) -> Service:
-        return self._start("incidents", self.cli("incident", "serve", "--idle-flush-s", "2",
-                                                  "--lateness-ms", "5000"))
+        return self._start("incidents", self.cli(
+            "incident", "serve", "--idle-flush-s", "2", "--lateness-ms", "5000",
+            "--command-pubkey", str(self.keys / signing.COMMAND_PUB), "--actuator-pubkeys",
+            str(self.keys / signing.ACTUATOR_PUBS)))
 
     def start_services(self, names: Sequence[str] = ("agent", "streams", "decide",
                                                      "incidents")) -> None:

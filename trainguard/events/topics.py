@@ -50,7 +50,10 @@ TOPIC_SPECS: tuple[TopicSpec, ...] = (
               "Step reports, heartbeats, process exits, checkpoints: one job stays ordered."),
     TopicSpec(TopicRole.VERDICTS, 6, "job", "Verdicts opened and resolved by the streams."),
     TopicSpec(TopicRole.COMMANDS, 3, "job", "Signed remediation commands."),
-    TopicSpec(TopicRole.OUTCOMES, 3, "job", "Command outcomes from the actuators."),
+    TopicSpec(TopicRole.OUTCOMES, 12, "job",
+              "Command outcomes, pool events and refusals from the actuators, signed by them; "
+              "as many partitions as the task topic, so a streams worker sees a job's "
+              "verified bindings with its reports."),
     TopicSpec(TopicRole.DRILLS, 3, "job", "Fault injections by drills."),
     TopicSpec(TopicRole.INCIDENTS, 3, "job", "Incident state transitions."),
     TopicSpec(TopicRole.DLQ, 3, "source key",

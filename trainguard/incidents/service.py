@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.consumer import Check, EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.events.envelope import Event
 from trainguard.events.topics import TopicRole
@@ -80,8 +80,11 @@ class Publisher:
 
 async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
                 group: str | None = None, idle_flush_s: float = 5.0,
-                stop: asyncio.Event | None = None, stats: ServiceStats | None = None
-                ) -> ServiceStats:
+                stop: asyncio.Event | None = None, stats: ServiceStats | None = None,
+                check: Check | None = None) -> ServiceStats:
+    """``check`` (``signing.Trust.check``): commands, outcomes and pool events are folded only
+    when their signature verifies; the others are dead-lettered by the consumer and left out
+    of the history read at start. None: nothing is checked (in-process tests)."""
     stats = stats or ServiceStats()
     stop = stop or asyncio.Event()
     live = LiveIncidents(settings)
@@ -91,10 +94,13 @@ async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
     producer = EventProducer(cfg)
     await producer.start()
     consumer = EventConsumer(cfg, INPUT_ROLES, group_id=group or f"{cfg.topic_prefix}-incidents",
-                             name="incidents", dlq=producer, from_offset="earliest")
+                             name="incidents", dlq=producer, from_offset="earliest",
+                             check=check)
     try:
         publisher = Publisher(producer, known, stats)
         history = await read_topics(cfg, INPUT_ROLES)
+        if check is not None:
+            history.events = [e for e in history.events if check(e) is None]
         out: list[Event] = []
         # topic by topic is not an arrival order within any lateness: time order is
         for ev in order(history.events):

@@ -40,6 +40,8 @@ import orjson
 from trainguard.events.codec import decode_obj, encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import PoolUnit, ProcessExit, UnitState, Verdict
+from trainguard.events.registry import BY_NAME
+from trainguard.events.topics import TopicRole
 from trainguard.rules.base import Context, RuleBase
 from trainguard.rules.epochs import EpochGate, Gate
 from trainguard.rules.ordering import ReorderBuffer
@@ -48,6 +50,10 @@ from trainguard.rules.schema import RuleSet
 from trainguard.streams.engine import EngineFactory
 
 SNAPSHOT_VERSION = 1
+# What the engine is fed: the task topic, the node telemetry, and the actuators' verified
+# bindings (``pool.unit``: the edge feeds only those whose signature verified).
+RULE_INPUTS = frozenset(t.name for t in BY_NAME.values()
+                        if t.topic in (TopicRole.TASK, TopicRole.TELEMETRY)) | EpochGate.types
 
 
 class RuleEngine:

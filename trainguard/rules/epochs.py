@@ -20,8 +20,8 @@ event-time order and decides the same in live processing and replay:
   binding of a rank whose reports were already admitted: the rules forget that rank's
   per-rank state (``RuleBase.rebind``);
 - ``STALE``: a report, heartbeat or exit of another pid whose epoch differs from the rank's
-  bound epoch (an older replica, or a claim no binding backs), or an exit without an epoch whose pid belonged
-  to an older binding of the rank: counted, never evaluated.
+  bound epoch (an older replica, or a claim no binding backs), or an exit without an epoch
+  whose pid belonged to an older binding of the rank: counted, never evaluated.
 
 State is plain JSON: ``{rank: [epoch, bound pid or None, [pids of older epochs]]}`` and the
 ranks seen reporting before any binding.
