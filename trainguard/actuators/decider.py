@@ -55,9 +55,13 @@ class Decider:
         self.trust = signing.Trust(decide=signing.KeySet.of([opts.key.public()]),
                                    actuators=opts.actuators)
 
-    def _wanted(self, event: Event) -> bool:
-        return event.type in INPUT_TYPES and (self.opts.jobs is None
-                                              or event.job_id in self.opts.jobs)
+    def wanted(self, event: Event) -> bool:
+        """An input of the policy for a job of ours, and believed: a record of a signed type
+        whose signature does not verify never reaches the policy (the consumer has already
+        dead-lettered it; checked again here, where the state is)."""
+        return (event.type in INPUT_TYPES
+                and (self.opts.jobs is None or event.job_id in self.opts.jobs)
+                and self.trust.check(event) is None)
 
     def feed(self, event: Event, now: int) -> list[Decision]:
         self.state, out = policy.step(self.state, event, now, self.opts.policy)
@@ -96,7 +100,7 @@ class Decider:
             for d in await consumer.drain(idle_ms=500, limit_s=120):
                 if isinstance(d.event.payload, Command):
                     on_topic.add(d.event.payload.idempotency_key)
-                if self._wanted(d.event):
+                if self.wanted(d.event):
                     backlog.extend(self.feed(d.event, now_us()))
             fresh = [d for d in backlog if d.command.idempotency_key not in on_topic]
             await self.publish(fresh, seen)
@@ -106,7 +110,7 @@ class Decider:
                 out: list[Decision] = []
                 for d in await consumer.poll(timeout_ms=int(self.opts.tick_s * 1000)):
                     ev = d.event
-                    if not self._wanted(ev):
+                    if not self.wanted(ev):
                         continue
                     if isinstance(ev.payload, Verdict):
                         seen[ev.payload.verdict_id] = ev.ingest_time or ev.event_time

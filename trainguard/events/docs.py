@@ -28,6 +28,11 @@ consumer carries on with the records around them.
 Versioning: changes are additive within a version (new optional fields). A change that
 needs a reader to transform old records bumps `schema_version` and ships an upcaster; readers
 refuse versions newer than they know.
+
+Signatures: a type with a signer (column *signed by*) carries an Ed25519 signature in its
+payload's `signature` field (`ed25519:<key id>:<128 hex>`, see `trainguard/actuators/signing.py`
+and docs/security.md). A reader that believes such a type checks it against the keys
+configured to it; a record that does not verify is dead-lettered with the reason, never folded.
 """
 
 
@@ -79,10 +84,11 @@ def _nested_models(model: type[BaseModel]) -> list[type[BaseModel]]:
 def render_markdown(names: TopicNames | None = None) -> str:
     names = names or TopicNames()
     out = [_INTRO, "## Event types", "",
-           "| type | version | topic | key | meaning |", "|---|---|---|---|---|"]
+           "| type | version | topic | key | signed by | meaning |", "|---|---|---|---|---|---|"]
     for t in EVENT_TYPES:
+        signer = t.signed_by.value if t.signed_by is not None else "-"
         out.append(f"| `{t.name}` | {t.version} | `{names.name(t.topic)}` | {t.key_by} | "
-                   f"{t.summary} |")
+                   f"{signer} | {t.summary} |")
     out += ["", "## Topics", "", "| topic | partitions | key | retention | meaning |",
             "|---|---|---|---|---|"]
     for s in TOPIC_SPECS:
@@ -93,6 +99,8 @@ def render_markdown(names: TopicNames | None = None) -> str:
             "### Subject", "", *_fields_table(Subject), ""]
     for t in EVENT_TYPES:
         out += [f"## `{t.name}` (v{t.version}) — {t.payload.__name__}", "", t.summary, ""]
+        if t.signed_by is not None:
+            out += [f"Signed by: {t.signed_by.value} (`payload.signature`).", ""]
         if t.requires_subject:
             out += ["Subject must carry: " + ", ".join(f"`{f}`" for f in t.requires_subject), ""]
         out += _fields_table(t.payload)
