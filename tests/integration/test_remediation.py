@@ -157,9 +157,10 @@ class Loop:
         return {p["rank"]: p["pid"] for p in self.progress()
                 if p["kind"] == "start" and p["epoch"] == epoch}
 
-    def publish_verdict(self, kind: str, rank: int, evidence: dict[str, Any]) -> str:
+    def publish_verdict(self, kind: str, rank: int, evidence: dict[str, Any],
+                        vid: str | None = None) -> str:
         t = now_us()
-        vid = derived_id(kind, self.job, rank, t)
+        vid = vid or derived_id(kind, self.job, rank, t)
         ev = make_event(Verdict(verdict_id=vid, rule=kind.replace("_", "-"), kind=kind,
                                 state=VerdictState.OPEN, severity=Severity.CRITICAL,
                                 first_anomalous_time=t, decided_time=t, evidence=evidence),
@@ -258,7 +259,7 @@ def test_a_killed_rank_is_fenced_migrated_and_resumed_from_its_checkpoint(
     cmds = [e.payload for e in events if isinstance(e.payload, Command)]
     assert [(c.action, c.tier, c.params["rank"]) for c in cmds] == [
         (CommandAction.MIGRATE, 2, 3)]
-    assert cmds[0].signature and cmds[0].signature.startswith("hmac-sha256:")
+    assert cmds[0].signature and cmds[0].signature.startswith("ed25519:")
     assert outcomes(events) == [("migrate", "accepted"), ("migrate", "done")]
     units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
     fenced = [u for u in units if u.state is UnitState.FENCED]
@@ -363,7 +364,7 @@ def test_a_lost_host_moves_every_rank_it_held_to_spares_on_another_host(
     cmds = [e.payload for e in events if isinstance(e.payload, Command)]
     assert [(c.action, c.params["ranks"], c.params["avoid_domains"]) for c in cmds] == [
         (CommandAction.MIGRATE, [2, 3], ["host=h2"])]
-    assert cmds[0].signature and cmds[0].signature.startswith("hmac-sha256:")
+    assert cmds[0].signature and cmds[0].signature.startswith("ed25519:")
     assert outcomes(events) == [("migrate", "accepted"), ("migrate", "done")]
     done = next(e.payload for e in events if isinstance(e.payload, CommandOutcome)
                 and e.payload.status is OutcomeStatus.DONE)
