@@ -41,6 +41,9 @@ INPUT_TYPES = frozenset({"verdict", "command", "command.outcome", "pool.unit", "
 class DeciderOptions:
     key: signing.PrivateKey
     actuators: signing.KeySet = field(default_factory=signing.KeySet)  # trusted actuator keys
+    # decide's earlier public keys: its own commands signed before a key rotation still count
+    # as issued when it reads the commands topic back
+    previous: signing.KeySet = field(default_factory=signing.KeySet)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     tick_s: float = 0.25
     jobs: frozenset[str] | None = None  # None: every job
@@ -52,8 +55,9 @@ class Decider:
         self.opts = opts
         self.state = PolicyState()
         self.producer: EventProducer | None = None  # made inside the running loop
-        self.trust = signing.Trust(decide=signing.KeySet.of([opts.key.public()]),
-                                   actuators=opts.actuators)
+        self.trust = signing.Trust(
+            decide=opts.previous | signing.KeySet.of([opts.key.public()]),
+            actuators=opts.actuators)
 
     def wanted(self, event: Event) -> bool:
         """An input of the policy for a job of ours, and believed: a record of a signed type

@@ -345,6 +345,11 @@ def load_actuator_key(env: Mapping[str, str] | None = None,
     return parse_private(text, source)
 
 
+def has_command_pubkey(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return bool(env.get(ENV_PUB_FILE) or env.get(ENV_PUB))
+
+
 def has_actuator_pubkeys(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return bool(env.get(ENV_ACTUATOR_PUBS_FILE) or env.get(ENV_ACTUATOR_PUBS))
@@ -392,3 +397,23 @@ def generate(directory: Path) -> dict[str, Path]:
     _write(paths[ACTUATOR_PUBS], f"# trusted actuator keys\n# {act.key_id}\n"
            f"{act.public().hex()}\n", 0o644)
     return paths
+
+
+def render_trust_table(prefix: str = "tg") -> str:
+    """docs/security.md's generated table: every topic of the registry, the event types on
+    it and who signs each (``tests/unit/test_security_doc.py`` keeps the doc current)."""
+    from trainguard.events.registry import EVENT_TYPES
+    from trainguard.events.topics import TOPIC_SPECS, TopicNames
+
+    names = TopicNames(prefix)
+    rows = ["| topic | event types | signed by |", "|---|---|---|"]
+    for spec in TOPIC_SPECS:
+        types = [t for t in EVENT_TYPES if t.topic is spec.role]
+        listed = ", ".join(f"`{t.name}`" for t in types) or "dead letters (not events)"
+        signers = sorted({t.signed_by.value for t in types if t.signed_by is not None})
+        signed = ", ".join(
+            f"{s}: " + ", ".join(f"`{t.name}`" for t in types
+                                 if t.signed_by is not None and t.signed_by.value == s)
+            for s in signers) or "nothing"
+        rows.append(f"| `{names.name(spec.role)}` | {listed} | {signed} |")
+    return "\n".join(rows)

@@ -16,6 +16,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--actuator-pubkeys", type=Path, help="trusted actuator public keys: "
                    "outcomes and pool events are believed only when signed by one (default "
                    "$TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else $TRAINGUARD_ACTUATOR_PUBKEYS)")
+    p.add_argument("--command-pubkey", type=Path, help="decide's earlier public keys, still "
+                   "trusted when reading its own commands back after a key rotation (default "
+                   "$TRAINGUARD_COMMAND_PUBKEY_FILE, else $TRAINGUARD_COMMAND_PUBKEY; optional)")
     p.add_argument("--job", action="append", help="only these jobs (default: every job)")
     p.add_argument("--window-s", type=float, default=5.0,
                    help="one policy window, in seconds (default 5)")
@@ -41,11 +44,21 @@ def _run(args: argparse.Namespace) -> int:
     from trainguard.actuators import metrics
     from trainguard.actuators.decider import Decider, DeciderOptions
     from trainguard.actuators.policy import PolicyConfig
-    from trainguard.actuators.signing import SigningKeyError, load_actuator_pubkeys, load_key
+    from trainguard.actuators.signing import (
+        KeySet,
+        SigningKeyError,
+        has_command_pubkey,
+        load_actuator_pubkeys,
+        load_command_pubkey,
+        load_key,
+    )
 
     try:
         key = load_key(key_file=args.key_file)
         actuators = load_actuator_pubkeys(key_file=args.actuator_pubkeys)
+        previous = KeySet()
+        if args.command_pubkey is not None or has_command_pubkey():
+            previous = load_command_pubkey(key_file=args.command_pubkey)
         pol = PolicyConfig(window_s=args.window_s, tier_windows=args.tier_windows,
                            settle_s=args.settle_s, quota_pct=args.quota_pct,
                            storm_restarts=args.storm_restarts,
@@ -56,7 +69,8 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"trainguard decide: {exc}") from None
     cfg = kafka_config(args, client_id="trainguard-decide")
     metrics.serve(args.metrics_port)
-    decider = Decider(cfg, DeciderOptions(key=key, actuators=actuators, policy=pol,
+    decider = Decider(cfg, DeciderOptions(key=key, actuators=actuators, previous=previous,
+                                          policy=pol,
                                           jobs=frozenset(args.job) if args.job else None))
     run_until_stopped(decider.run)
     return 0
