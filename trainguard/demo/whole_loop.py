@@ -239,7 +239,7 @@ def _present(stack: LocalStack, run_dir: Path, out: DemoOutcome, say: Say) -> No
         html = run_dir / f"incident-{incident_id[:12]}.html"
         _cli_text(stack, "incident", "show", incident_id, "--format", "html", "--out", str(html))
         say(f"[demo] timeline page: {html}")
-    say(_cli_text(stack, "replay", "--job", JOB))
+    say(_cli_text(stack, "replay", "--job", JOB, *stack.trust_args()))
     say(f"[demo] chat receiver got {out.chat_messages} message(s) (an opening and an ending "
         "per incident, on each channel)")
     say(f"[demo] logs, checkpoints and pages under {run_dir}")

@@ -131,6 +131,10 @@ class LocalStack:
         return KafkaConfig(bootstrap=info.bootstrap, topic_prefix=self.prefix,
                            client_id=client_id)
 
+    def trust_args(self) -> list[str]:
+        """For the readers that believe actuator events (streams, replay)."""
+        return ["--actuator-pubkeys", str(self.keys / signing.ACTUATOR_PUBS)]
+
     def decide_key_args(self) -> list[str]:
         return ["--key-file", str(self.keys / signing.COMMAND_KEY),
                 "--actuator-pubkeys", str(self.keys / signing.ACTUATOR_PUBS)]
@@ -176,8 +180,7 @@ class LocalStack:
 
     def start_streams(self) -> Service:
         return self._start("streams", self.cli(
-            "streams", "--datadir", str(self.root / "streams"), "--actuator-pubkeys",
-            str(self.keys / signing.ACTUATOR_PUBS)))
+            "streams", "--datadir", str(self.root / "streams"), *self.trust_args()))
 
     def start_decide(self, window_s: float = 3.0, settle_s: float = 1.5) -> Service:
         return self._start("decide", self.cli(
