@@ -4,9 +4,9 @@ dead-lettered by the worker and a report's own epoch moves nothing.
 
 Job: 6 ranks bound at epoch 1 (signed), rank 3 twice as slow from step 20. A ghost replica of
 rank 2 (epoch 0, another pid) reports 3x slow steps; a forger adds a step report of rank 3 at
-epoch 2 and an unsigned binding of rank 3 at epoch 2. With the verified bindings the ghost and
-the forged report are stale and rank 3's straggler verdict opens; without them (checked offline
-below) the ghost's reports mask it."""
+epoch 2 and an unsigned binding of rank 3 at epoch 2. With the verified bindings the ghost is
+stale, the forged report moves no epoch and rank 3's straggler verdict opens; without them
+(checked offline below) the ghost's reports mask it."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ watermark makes each job's verdicts independent of what other jobs share its par
 
 Binding epochs (``epochs.py``): who holds which epoch comes only from verified ``pool.unit``
 ``bound`` events (the edge feeds the engine only those whose actuator signature verified);
-between the buffer and the rules, reports, heartbeats and exits whose epoch is not the rank's
-bound one are dropped (``stats()["stale"]``), and a binding at a higher epoch makes every rule
+between the buffer and the rules, reports, heartbeats and exits of an epoch older than the
+rank's bound one are dropped (``stats()["stale"]``), and a binding at a higher epoch makes every rule
 forget that rank's per-rank state. A report's own epoch never moves the binding.
 
 Prompt lane (``prompt=True``, what the streams worker runs): a discrete critical signal - a
@@ -169,7 +169,7 @@ class RuleEngine:
             return entry is not None and ex.pid in entry[2]
         known = [e for e in (self.gate.epoch(ex.rank), self._arrived_epoch.get(rank))
                  if e is not None]
-        return bool(known) and ex.binding_epoch != max(known)
+        return bool(known) and ex.binding_epoch < max(known)
 
     def _confirm(self, got: list[Event]) -> list[Event]:
         """Drop the verdicts the prompt lane already emitted."""

@@ -5,23 +5,25 @@ with a higher epoch, and the job goes back to its checkpoint (steps restart at c
 Who holds which epoch is a *pool* fact: it is believed only from ``pool.unit`` ``bound``
 events, which the actuator signs and the edge (streams worker, replay) verifies before they
 reach the engine. A report's own ``binding_epoch`` (``StepReport``, ``Heartbeat``,
-``ProcessExit``) is unsigned: it can only be found older than, or not bound by, the verified
-binding; it never moves the epoch. (Before, one forged step report with a higher epoch made
+``ProcessExit``) is unsigned: it can only be found older than the verified binding; it never
+moves the epoch. (Before, one forged step report with a higher epoch made
 the rank's real reports stale.)
 
 The gate sits between the reorder buffer and the rules, so it sees the job's events in
 event-time order and decides the same in live processing and replay:
 
-- ``ADMIT``: a report at the rank's bound epoch, or from the bound pid whatever epoch it
-  claims (a workload that does not read ``TRAINGUARD_BINDING_EPOCH`` reports 0), a report of
-  a rank without a verified binding (a job no actuator runs, or run without pool events), or
-  the first binding of a rank;
+- ``ADMIT``: a report at or above the rank's bound epoch (a newer claim is evidence like any
+  report, but moves nothing: a binding whose event came too late for the reorder buffer must
+  not leave the new replica unheard), or from the bound pid whatever epoch it claims (a
+  workload that does not read ``TRAINGUARD_BINDING_EPOCH`` reports 0), a report of a rank
+  without a verified binding (a job no actuator runs, or run without pool events), or the
+  first binding of a rank;
 - ``REBIND``: a verified binding of a rank at a higher epoch than the one bound, or the first
   binding of a rank whose reports were already admitted: the rules forget that rank's
   per-rank state (``RuleBase.rebind``);
-- ``STALE``: a report, heartbeat or exit of another pid whose epoch differs from the rank's
-  bound epoch (an older replica, or a claim no binding backs), or an exit without an epoch
-  whose pid belonged to an older binding of the rank: counted, never evaluated.
+- ``STALE``: a report, heartbeat or exit of another pid with an epoch older than the rank's
+  bound one (a replaced replica), or an exit without an epoch whose pid belonged to an older
+  binding of the rank: counted, never evaluated.
 
 State is plain JSON: ``{rank: [epoch, bound pid or None, [pids of older epochs]]}`` and the
 ranks seen reporting before any binding.
@@ -82,8 +84,8 @@ class EpochGate:
         if entry is None:
             self.seen.add(rank)
             return Gate.ADMIT
-        if epoch == entry[0]:
-            return Gate.ADMIT
+        if epoch >= entry[0]:
+            return Gate.ADMIT  # a claim of a newer epoch proves nothing and moves nothing
         if pid is not None and pid == entry[1] and pid not in entry[2]:
             return Gate.ADMIT  # the bound replica itself, whatever epoch it claims
         self.stale += 1
