@@ -16,8 +16,8 @@ watermark makes each job's verdicts independent of what other jobs share its par
 Binding epochs (``epochs.py``): who holds which epoch comes only from verified ``pool.unit``
 ``bound`` events (the edge feeds the engine only those whose actuator signature verified);
 between the buffer and the rules, reports, heartbeats and exits of an epoch older than the
-rank's bound one are dropped (``stats()["stale"]``), and a binding at a higher epoch makes every rule
-forget that rank's per-rank state. A report's own epoch never moves the binding.
+rank's bound one are dropped (``stats()["stale"]``), and a binding at a higher epoch makes
+every rule forget that rank's per-rank state. A report's own epoch never moves the binding.
 
 Prompt lane (``prompt=True``, what the streams worker runs): a discrete critical signal - a
 process exit, a must-drain XID, a link down - need not wait for the watermark. On its arrival
