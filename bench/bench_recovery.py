@@ -33,7 +33,7 @@ import yaml
 from aiokafka import AIOKafkaConsumer
 
 from bench._common import bench_broker
-from trainguard.actuators import zygote
+from trainguard.actuators import signing, zygote
 from trainguard.actuators.jobspec import ddp_job_doc
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
@@ -52,7 +52,6 @@ from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
 from trainguard.workload.progress import read_progress
 
 WORLD = 4
-KEY = "bench-recovery-key-" + uuid.uuid4().hex
 
 
 def job_spec(tmp: Path, job: str, sock: Path, step_ms: float, ckpt_every: int,
@@ -127,7 +126,11 @@ def main() -> None:
         asyncio.run(ensure_topics(cfg, partitions={s.role: 3 for s in TOPIC_SPECS}))
         sock = tmp / "agent.sock"
         spec = job_spec(tmp, job, sock, args.step_ms, args.ckpt_every, warm=not args.cold)
-        env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY}
+        command_key, actuator_key = signing.PrivateKey.generate(), signing.PrivateKey.generate()
+        key_env = {signing.ENV_KEY: command_key.hex(), signing.ENV_PUB: command_key.public().hex(),
+                   signing.ENV_ACTUATOR_KEY: actuator_key.hex(),
+                   signing.ENV_ACTUATOR_PUBS: actuator_key.public().hex()}
+        env = {**os.environ, **key_env}
         base = [sys.executable, "-m", "trainguard.cli.main"]
         kafka = ["--bootstrap", cfg.bootstrap, "--prefix", cfg.topic_prefix]
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}

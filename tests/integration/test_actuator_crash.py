@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests import keys
 from tests.integration.conftest import arun
 from tests.integration.test_actuator_commands import KEY, command, outcomes_until
 from tests.integration.test_actuator_restart import write_spec
@@ -30,7 +31,7 @@ from trainguard.events.payloads import CommandAction, CommandOutcome, OutcomeSta
 
 def actuator(kafka: KafkaConfig, spec: Path, state: Path, *extra: str,
              crash_at: str | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY.decode(),  # + the warm job's module
+    env = {**os.environ, **keys.env(),  # + the warm job's module
            "PYTHONPATH": f"{spec.parent}:{os.environ.get('PYTHONPATH', '')}"}
     env.pop(FAULT_ENV, None)
     if crash_at is not None:
@@ -139,7 +140,7 @@ def crash_and_recover(kafka: KafkaConfig, tmp_path: Path, action: CommandAction,
             [sys.executable, "-m", "trainguard.cli.main", "actuator", "--bootstrap",
              kafka.bootstrap, "--prefix", kafka.topic_prefix, "--job-spec", str(spec),
              "--state-dir", str(state), "--no-cgroups", "--teardown"],
-            env={**os.environ, "TRAINGUARD_COMMAND_KEY": KEY.decode()}, timeout=60)
+            env={**os.environ, **keys.env()}, timeout=60)
         assert down.returncode == 0
         assert workers(tmp_path) == {}  # every replica the journal knows is stopped
     finally:

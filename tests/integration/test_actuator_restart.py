@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import yaml
 
+from tests import keys
 from tests.integration.conftest import arun
 from tests.integration.test_actuator_commands import KEY, command, outcomes_until
 from tests.integration.test_fencing import job_spec, reap
@@ -40,7 +41,7 @@ def write_spec(tmp_path: Path, grace_s: float, warm: bool = False) -> tuple[Path
 
 
 def start_actuator(kafka: KafkaConfig, spec: Path, state: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY.decode()}
+    env = {**os.environ, **keys.env()}
     return subprocess.Popen(
         [sys.executable, "-m", "trainguard.cli.main", "actuator", "--bootstrap",
          kafka.bootstrap, "--prefix", kafka.topic_prefix, "--job-spec", str(spec), "--launch",

@@ -13,7 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from tests import keys
 from tests.integration.conftest import arun
+from trainguard.actuators.signing import sign_log
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.kafka import KafkaBus
 from trainguard.bus.producer import EventProducer
@@ -108,11 +110,12 @@ def test_service_publishes_the_rebuilt_transitions_once_and_replay_reproduces_th
 def test_the_cli_service_and_list_against_the_broker(kafka: KafkaConfig) -> None:
     """`trainguard incident serve` as a process (stopped by SIGTERM), then `incident list` and
     `replay` reading the topics."""
-    arun(publish(kafka, LOG))
+    arun(publish(kafka, sign_log(LOG, keys.COMMAND, keys.ACTUATOR)))
     env = {**os.environ, "TRAINGUARD_KAFKA_BOOTSTRAP": kafka.bootstrap,
            "TRAINGUARD_KAFKA_TOPIC_PREFIX": kafka.topic_prefix}
     cli = [sys.executable, "-m", "trainguard.cli.main"]
-    proc = subprocess.Popen([*cli, "incident", "serve", "--idle-flush-s", "1"], env=env,
+    proc = subprocess.Popen([*cli, "incident", "serve", "--idle-flush-s", "1"],
+                            env={**env, **keys.env()},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 40

@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
+from tests import keys
 from tests.integration.conftest import arun, read_events
 from tests.integration.poison import Poison, assert_dead_lettered, dead_letters, publish, spread
 from tests.integration.test_incident_service import run_service, transitions
+from trainguard.actuators import signing
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.policy import PolicyConfig
 from trainguard.bus.config import KafkaConfig
@@ -128,7 +130,7 @@ def test_incident_service_folds_duplicated_records_once(kafka: KafkaConfig) -> N
 
 # --- decide ---------------------------------------------------------------------------------
 
-KEY = b"poison-test-command-key-00000001"
+KEY = keys.COMMAND
 
 
 def _pool_and_straggler(job: str, t: int) -> list[Event]:
@@ -143,11 +145,12 @@ def _pool_and_straggler(job: str, t: int) -> list[Event]:
                                   first_anomalous_time=t, decided_time=t, evidence={}),
                           event_id=derived_id("e", vid), job_id=job, event_time=t,
                           source="test", subject=Subject(rank=2, node="n1")))
-    return out
+    return signing.sign_log(out, keys.COMMAND, keys.ACTUATOR)  # what the actuator wrote
 
 
 async def _decide_for(kafka: KafkaConfig, seconds: float) -> Decider:
-    decider = Decider(KafkaBus(kafka), DeciderOptions(key=KEY, policy=PolicyConfig(), tick_s=0.1))
+    decider = Decider(KafkaBus(kafka), DeciderOptions(key=KEY, actuators=keys.ACTUATOR_PUBS,
+                                                      policy=PolicyConfig(), tick_s=0.1))
     stop = asyncio.Event()
     task = asyncio.create_task(decider.run(stop))
     await asyncio.sleep(seconds)
@@ -349,7 +352,8 @@ def test_actuator_dead_letters_poison_and_a_command_that_crashes_it_and_carries_
     monkeypatch.setattr(Actuator, "handle", handle)
 
     def actuator() -> Actuator:
-        return Actuator(kafka, ActuatorOptions(job=spec, key=ACT_KEY, launch=True,
+        return Actuator(kafka, ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
+                                               signer=keys.ACTUATOR, launch=True,
                                                state_dir=tmp_path / "state", max_age_s=60),
                         LocalBackend(tmp_path / "logs", use_cgroups=False))
 
@@ -441,9 +445,10 @@ def test_a_late_copy_of_an_old_pool_event_does_not_undo_the_newer_one(
                                    epoch=1 if bound else None),
                           event_id=derived_id("pool", job, state.value), job_id=job,
                           event_time=at, source="trainguard-actuator",
-                          subject=Subject(unit="u0"))
+                          subject=Subject(unit="u0"))  # signed below
 
-    bound, fenced = unit(UnitState.BOUND, t), unit(UnitState.FENCED, t + 1)
+    bound, fenced = signing.sign_log([unit(UnitState.BOUND, t), unit(UnitState.FENCED, t + 1)],
+                                     keys.COMMAND, keys.ACTUATOR)
 
     async def scenario() -> PoolState:
         await publish(kafka, [bound])
@@ -451,7 +456,9 @@ def test_a_late_copy_of_an_old_pool_event_does_not_undo_the_newer_one(
         await publish(kafka, [bound])  # the producer's retry of the first, after the second
         if reader == "decide":
             return (await _decide_for(kafka, 3.0)).state.pool
-        actuator = Actuator(kafka, ActuatorOptions(job=spec, key=KEY, state_dir=tmp_path / "s"),
+        actuator = Actuator(kafka, ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
+                                                   signer=keys.ACTUATOR,
+                                                   state_dir=tmp_path / "s"),
                             LocalBackend(tmp_path / "logs", use_cgroups=False))
         actuator.producer = EventProducer(kafka)
         await actuator.producer.start()

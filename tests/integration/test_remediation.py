@@ -24,6 +24,7 @@ import psutil
 import pytest
 import yaml
 
+from tests import keys
 from tests.integration.conftest import arun, read_events
 from tests.integration.test_fencing import reap
 from trainguard.actuators import cgroups
@@ -50,7 +51,6 @@ from trainguard.events.payloads import (
 from trainguard.events.topics import TopicRole
 from trainguard.workload.progress import read_progress
 
-KEY = "remediation-test-key-0123456789"
 WORLD = 4
 BATCH = 8
 CKPT_EVERY = 5
@@ -130,7 +130,7 @@ class Loop:
                     for r in range(WORLD)] + [{"name": "spare", "cpus": [1], "labels": {
                         "rack": "r1", "reserved_for": self.job}}]}
         (tmp / "job.yaml").write_text(yaml.safe_dump(spec))
-        env = {**os.environ, "TRAINGUARD_COMMAND_KEY": KEY}
+        env = {**os.environ, **keys.env()}
         base = [sys.executable, "-m", "trainguard.cli.main"]
         kafka_args = ["--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix]
         self.procs = [
@@ -160,9 +160,10 @@ class Loop:
         return {p["rank"]: p["pid"] for p in self.progress()
                 if p["kind"] == "start" and p["epoch"] == epoch}
 
-    def publish_verdict(self, kind: str, rank: int, evidence: dict[str, Any]) -> str:
+    def publish_verdict(self, kind: str, rank: int, evidence: dict[str, Any],
+                        vid: str | None = None) -> str:
         t = now_us()
-        vid = derived_id(kind, self.job, rank, t)
+        vid = vid or derived_id(kind, self.job, rank, t)
         ev = make_event(Verdict(verdict_id=vid, rule=kind.replace("_", "-"), kind=kind,
                                 state=VerdictState.OPEN, severity=Severity.CRITICAL,
                                 first_anomalous_time=t, decided_time=t, evidence=evidence),
@@ -261,7 +262,7 @@ def test_a_killed_rank_is_fenced_migrated_and_resumed_from_its_checkpoint(
     cmds = [e.payload for e in events if isinstance(e.payload, Command)]
     assert [(c.action, c.tier, c.params.rank) for c in cmds] == [
         (CommandAction.MIGRATE, 2, 3)]
-    assert cmds[0].signature and cmds[0].signature.startswith("hmac-sha256:")
+    assert cmds[0].signature and cmds[0].signature.startswith("ed25519:")
     assert outcomes(events) == [("migrate", "accepted"), ("migrate", "done")]
     units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
     fenced = [u for u in units if u.state is UnitState.FENCED]
@@ -277,7 +278,7 @@ def test_a_killed_rank_is_fenced_migrated_and_resumed_from_its_checkpoint(
                     loop.kafka.bootstrap, "--prefix", loop.kafka.topic_prefix, "--job-spec",
                     str(loop.tmp / "job.yaml"), "--state-dir", str(loop.tmp / "state"),
                     "--no-cgroups", "--teardown"], check=True, timeout=60,
-                   env={**os.environ, "TRAINGUARD_COMMAND_KEY": KEY})
+                   env={**os.environ, **keys.env()})
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
                    for pid in new.values())
     last = [e.payload for e in loop.log() if isinstance(e.payload, PoolUnit)]
@@ -368,7 +369,7 @@ def test_a_lost_host_moves_every_rank_it_held_to_spares_on_another_host(
             if isinstance(c.params, MigrateParams)] == [
         (CommandAction.MIGRATE, [2, 3], ["host=h2"])]
     assert len(cmds) == 1
-    assert cmds[0].signature and cmds[0].signature.startswith("hmac-sha256:")
+    assert cmds[0].signature and cmds[0].signature.startswith("ed25519:")
     assert outcomes(events) == [("migrate", "accepted"), ("migrate", "done")]
     done = next(e.payload for e in events if isinstance(e.payload, CommandOutcome)
                 and e.payload.status is OutcomeStatus.DONE)

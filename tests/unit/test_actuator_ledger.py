@@ -39,6 +39,22 @@ def test_outcomes_from_the_log_fill_in_and_final_wins(tmp_path: Path) -> None:
     assert led.seen("k").status == "done"  # type: ignore[union-attr]
 
 
+def test_a_refusal_never_uses_up_a_key(tmp_path: Path) -> None:
+    """A forged command refused under a real command's key (an older actuator wrote such an
+    outcome, or a ledger line), read back at start, must not block the real command."""
+    path = tmp_path / "ledger.jsonl"
+    path.write_bytes(b'{"key": "k-old", "command_id": "c0", "status": "refused"}\n')
+    led = Ledger(path)
+    led.note_outcome(CommandOutcome(command_id="c", idempotency_key="k",
+                                    action=CommandAction.RAISE_QUOTA,
+                                    status=OutcomeStatus.REFUSED, detail="unsigned command"))
+    led.record("k2", "c2", "refused")
+    assert led.seen("k") is None and led.seen("k-old") is None and led.seen("k2") is None
+    assert Ledger(path).seen("k2") is None
+    led.record("k", "c", "started")
+    assert led.seen("k") is not None
+
+
 SPEC = {"job_id": "j", "world_size": 2, "ckpt_dir": "/data/ckpt",
         "command": ["python", "-m", "w", "--rank", "{rank}", "--port", "{port}"],
         "units": [{"name": "u0", "cpus": [0], "rank": 0},

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import pytest
 
+from tests import keys
 from trainguard.actuators.backend import Backend
 from trainguard.actuators.jobspec import parse_job_spec
 from trainguard.actuators.service import Actuator, ActuatorOptions
@@ -42,8 +43,8 @@ def outcome() -> Event:
 
 def actuator(tmp_path: Path, producer: Producer) -> Actuator:
     act = Actuator(KafkaConfig(bootstrap="127.0.0.1:1", topic_prefix="t", client_id="test"),
-                   ActuatorOptions(job=parse_job_spec(SPEC), key=b"k" * 16,
-                                   state_dir=tmp_path), cast(Backend, None))
+                   ActuatorOptions(job=parse_job_spec(SPEC), key=keys.COMMAND_PUB,
+                                   signer=keys.ACTUATOR, state_dir=tmp_path), cast(Backend, None))
     act.producer = cast(EventProducer, producer)
     return act
 

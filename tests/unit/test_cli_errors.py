@@ -31,7 +31,8 @@ pytestmark = pytest.mark.unit
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
 # Path arguments a command writes or creates (not read): not walked with bad files.
-OUTPUTS = {"out", "output", "state_dir", "spool_dir", "socket", "run_dir", "root", "datadir"}
+OUTPUTS = {"out", "output", "state_dir", "spool_dir", "socket", "run_dir", "root", "datadir",
+           "dir"}
 # Documented exceptions, with the reason; everything else must exit 2.
 EXIT_CODES: dict[tuple[str, ...], dict[str, int]] = {
     ("events", "validate"): {"malformed": 1},  # 1: "N invalid record(s)" found, its result

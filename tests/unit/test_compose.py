@@ -54,3 +54,21 @@ def test_the_image_builds_from_files_that_exist() -> None:
         if line.startswith("COPY"):
             for src in line.split()[1:-1]:
                 assert (ROOT / src).exists(), src
+
+
+def test_keys_go_where_the_trust_model_says() -> None:
+    """docs/security.md: decide alone holds the command private key, actuators alone an
+    actuator private key; every key file a service is pointed at is a secret it mounts."""
+    services = _trainguard_services()
+    holders = {name: set(svc.get("secrets", [])) for name, svc in services.items()}
+    assert [n for n, s in holders.items() if "command-key" in s] == ["decide"]
+    assert [n for n, s in holders.items() if "actuator-key" in s] == ["actuator"]
+    assert {"command-pubkey", "actuator-pubkeys"} <= holders["actuator"]
+    for name in ("decide", "streams", "incidents"):
+        assert "actuator-pubkeys" in holders[name], name
+    for name, svc in services.items():
+        for var, value in (svc.get("environment") or {}).items():
+            if var.endswith("_FILE") and str(value).startswith("/run/secrets/"):
+                assert value.removeprefix("/run/secrets/") in holders[name], (name, var)
+    declared = _compose()["secrets"]
+    assert {s for held in holders.values() for s in held} <= set(declared)

@@ -17,6 +17,7 @@ from trainguard.events.payloads import CheckpointAction, NodeHealthKind, StepRep
 from trainguard.rules import RuleEngine, RuleSet, parse_rules
 from trainguard.rules.params import KINDS
 from trainguard.rules.synth import (
+    bound,
     checkpoint,
     gpu,
     job_steps,
@@ -251,19 +252,22 @@ def test_prompt_lane_answers_the_exit_in_the_same_call() -> None:
 
 
 def test_prompt_lane_retracts_an_exit_a_newer_replica_makes_stale() -> None:
-    """The old replica's exit arrives before the new replica's first report, which has an
-    earlier event time (clock skew between the two nodes): opened early, then retracted."""
+    """The old replica's exit arrives before the new replica's binding (the actuator's
+    verified ``pool.unit``), which has an earlier event time (clock skew between the two
+    nodes): opened early, then retracted."""
     steps = list(job_steps("j", 4, 20))
     t = steps[-1].event_time
     ghost_exit = process_exit("j", "node-0", 2, t + 500_000, signal=9, epoch=0)
-    new_report = step_report("j", 2, 20, t + 400_000, 100.0, world=4, epoch=1)
+    new_binding = bound("j", 2, 1, t + 400_000, pid=4002)
+    new_report = step_report("j", 2, 20, t + 450_000, 100.0, world=4, epoch=1, pid=4002)
     engine = RuleEngine("j", RULES, prompt=True)
     out: list[Event] = []
-    for e in [*steps, ghost_exit, new_report]:
+    for e in [*steps, ghost_exit, new_binding, new_report]:
         out.extend(engine.feed(e))
     out.extend(engine.flush())
     states = [(v.payload.kind, v.payload.state.value, v.payload.evidence.get("retracted"))
               for v in out if isinstance(v.payload, Verdict)]
     assert states == [("process_exit", "open", None), ("process_exit", "resolved", True)]
     assert engine.stats()["retracted"] == 1 and engine.stats()["stale"] == 1
-    assert [v for v in run([*steps, new_report, ghost_exit])] == []  # ordered: nothing at all
+    # in event-time order: nothing at all
+    assert [v for v in run([*steps, new_binding, new_report, ghost_exit])] == []

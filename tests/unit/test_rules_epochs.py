@@ -1,6 +1,8 @@
-"""Binding epochs: after a remediation a rank's new replica reports with a higher epoch and the
-job's steps go back to checkpoint + 1. Stale replicas are ignored, the restart itself raises
-nothing, and the verdicts of the replaced rank resolve once the new replica reports."""
+"""Binding epochs: after a remediation the actuator binds a rank's new replica at a higher
+epoch (a verified ``pool.unit`` event), the replica reports with it and the job's steps go back
+to checkpoint + 1. Stale replicas are ignored, the restart itself raises nothing, and the
+verdicts of the replaced rank resolve once the new replica reports. A report's own epoch never
+moves the binding: one forged report with a higher epoch changes nothing."""
 
 from __future__ import annotations
 
@@ -16,7 +18,14 @@ from trainguard.events.envelope import Event
 from trainguard.events.payloads import CheckpointAction, Verdict
 from trainguard.rules import RuleEngine
 from trainguard.rules.epochs import EpochGate, Gate
-from trainguard.rules.synth import checkpoint, heartbeat, job_steps, process_exit, step_report
+from trainguard.rules.synth import (
+    bound,
+    checkpoint,
+    heartbeat,
+    job_steps,
+    process_exit,
+    step_report,
+)
 
 pytestmark = pytest.mark.unit
 STEP = 200_000
@@ -24,15 +33,19 @@ RANKS = 8
 
 
 def first_run(steps: int = 60, slow: dict[int, tuple[int, float]] | None = None) -> list[Event]:
-    return list(job_steps("j", RANKS, steps, noise=0.05, seed=5, slow=slow, step_us=STEP,
-                          start_us=T0, pids={r: 100 + r for r in range(RANKS)}))
+    """The job launched at epoch 0 (bound pids 100 + rank)."""
+    binds = [bound("j", r, 0, T0 - 1000, pid=100 + r) for r in range(RANKS)]
+    return binds + list(job_steps("j", RANKS, steps, noise=0.05, seed=5, slow=slow,
+                                  step_us=STEP, start_us=T0,
+                                  pids={r: 100 + r for r in range(RANKS)}))
 
 
 def resumed(from_step: int, steps: int, at: int, epochs: dict[int, int],
             warmup: float = 2.0) -> list[Event]:
     """The job again from ``from_step`` (checkpoint + 1) at time ``at``; rank r at epoch
-    ``epochs.get(r, 0)`` (new pids for the rebound ones); the first step is a slow warm-up."""
-    out = []
+    ``epochs.get(r, 0)`` (new pids for the rebound ones, bound just before); the first step is
+    a slow warm-up."""
+    out = [bound("j", r, ep, at - 1000, pid=200 + r) for r, ep in sorted(epochs.items())]
     rng = random.Random(9)
     for i, step in enumerate(range(from_step, from_step + steps)):
         for r in range(RANKS):
@@ -49,8 +62,19 @@ def end_of(events: list[Event]) -> int:
 
 def test_gate_admits_rebinds_and_refuses_older_epochs() -> None:
     gate = EpochGate()
+    assert gate.check(bound("j", 1, 0, T0, pid=11)) is Gate.ADMIT  # the first binding
     assert gate.check(step_report("j", 1, 5, T0, 1.0, epoch=0, pid=11)) is Gate.ADMIT
-    assert gate.check(step_report("j", 1, 6, T0 + 1, 1.0, epoch=1, pid=12)) is Gate.REBIND
+    # a rank that reported before its first known binding: that binding is a new replica
+    assert gate.check(step_report("j", 2, 5, T0, 1.0, epoch=0, pid=21)) is Gate.ADMIT
+    assert gate.check(bound("j", 2, 1, T0, pid=22)) is Gate.REBIND
+    # a report claiming a newer epoch is evidence like any other, but moves nothing
+    assert gate.check(step_report("j", 1, 6, T0 + 1, 1.0, epoch=1, pid=12)) is Gate.ADMIT
+    assert gate.epoch(1) == 0
+    assert gate.check(step_report("j", 1, 6, T0 + 1, 1.0, epoch=0, pid=11)) is Gate.ADMIT
+    assert gate.check(bound("j", 1, 1, T0 + 1, pid=12)) is Gate.REBIND
+    assert gate.check(bound("j", 1, 1, T0 + 1, pid=12)) is Gate.ADMIT  # the same, again
+    assert gate.check(bound("j", 1, 0, T0 + 1, pid=11)) is Gate.ADMIT  # older, read late
+    assert gate.epoch(1) == 1
     assert gate.check(step_report("j", 1, 7, T0 + 2, 1.0, epoch=1, pid=12)) is Gate.ADMIT
     assert gate.check(step_report("j", 1, 8, T0 + 3, 1.0, epoch=0, pid=11)) is Gate.STALE
     assert gate.check(heartbeat("j", 1, T0 + 4, epoch=0)) is Gate.STALE
@@ -58,6 +82,8 @@ def test_gate_admits_rebinds_and_refuses_older_epochs() -> None:
     # an exit without an epoch: stale when its pid was an older replica's
     assert gate.check(process_exit("j", "n", 1, T0 + 6, pid=11)) is Gate.STALE
     assert gate.check(process_exit("j", "n", 1, T0 + 7, pid=12)) is Gate.ADMIT
+    # the bound replica of a workload that does not report its epoch: admitted by its pid
+    assert gate.check(step_report("j", 1, 9, T0 + 8, 1.0, epoch=0, pid=12)) is Gate.ADMIT
     assert gate.stale == 4
     copy = EpochGate()
     copy.restore(gate.snapshot())
@@ -150,3 +176,28 @@ def test_stale_reports_change_no_byte(seed: int, n: int) -> None:
                                       pid=100 + rank))
     clean = [encode(v) for v in run(before + after)]
     assert [encode(v) for v in run(before + after + ghost)] == clean
+
+
+@pytest.mark.parametrize("bindings", [True, False], ids=["verified-pool", "no-pool-events"])
+def test_one_forged_report_with_a_higher_epoch_does_not_silence_the_rank(
+        bindings: bool) -> None:
+    """Issue 11: one unsigned step report claiming epoch 1 for a straggling rank made every
+    real report of it stale, and its straggler verdict disappeared in replay. Epochs now come
+    only from verified bindings: the forgery is one more report of the rank (as any forged
+    report at the current epoch would be) and moves no epoch; the verdict stands, with or
+    without verified bindings, and no real report is dropped."""
+    before = first_run(90, slow={3: (30, 1.8)})
+    if not bindings:
+        before = [e for e in before if e.type != "pool.unit"]
+    clean = run(before)
+    assert ("straggler", "open") in kinds(clean)
+    t = before[len(before) // 4].event_time
+    forged = step_report("j", 3, 25, t + 5, 100.0, world=RANKS, epoch=1, pid=99999)
+    engine = RuleEngine("j", RULES)
+    out = [v for e in sorted([*before, forged], key=lambda e: (e.event_time, e.event_id))
+           for v in engine.feed(e)] + engine.flush()
+    opened = [v for v in out if isinstance(v.payload, Verdict) and v.payload.kind ==
+              "straggler" and v.payload.state.value == "open"]
+    assert [v.subject.rank for v in opened] == [3]
+    assert engine.stats()["stale"] == 0
+    assert engine.gate.epoch(3) == (0 if bindings else None)

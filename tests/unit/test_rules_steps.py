@@ -8,7 +8,7 @@ from trainguard.events.envelope import Event
 from trainguard.events.payloads import StepReport, Verdict
 from trainguard.rules import RuleSet, load_default_rules, parse_rules, replay
 from trainguard.rules.stats import median, median_without
-from trainguard.rules.synth import job_steps, step_report
+from trainguard.rules.synth import bound, job_steps, step_report
 
 pytestmark = pytest.mark.unit
 RULES = load_default_rules()
@@ -126,7 +126,7 @@ def test_a_new_replica_warms_up_before_it_is_judged() -> None:
     start = before[-1].event_time + 200_000
 
     def after(slow_steps: int) -> list[Event]:
-        out = []
+        out = [bound("j", r, 1, start - 1000) for r in range(6)]  # the actuator's rebinding
         for e in job_steps("j", 6, 40, base_ms=50.0, noise=0.05, seed=5, first_step=50,
                            start_us=start, epoch=1):
             p = e.payload

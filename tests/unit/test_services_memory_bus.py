@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests import keys
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.policy import PolicyConfig
 from trainguard.actuators.signing import verify
@@ -35,7 +36,7 @@ from trainguard.incidents.synth import incident_log
 
 pytestmark = pytest.mark.unit
 JOB = "job-a"
-KEY = b"unit-test-command-key-000000001"
+KEY = keys.COMMAND
 T = 1_800_000_000_000_000
 
 
@@ -106,7 +107,7 @@ def test_decide_reads_the_bus_and_publishes_one_signed_migrate_and_never_twice()
     assert isinstance(cmd.params, MigrateParams)
     assert cmd.params.ranks == [1] and cmd.params.from_units == ["u1"]
     assert cmd.cause_verdict_ids == ["v-exit-1"]
-    assert verify(KEY, ev) is None  # signed by decide's key
+    assert verify(keys.COMMAND_PUB, ev) is None  # signed by decide's key
     assert ev.ingest_time is not None  # stamped by the producer
 
 

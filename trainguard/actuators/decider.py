@@ -1,10 +1,16 @@
 """`trainguard decide`: the decision service, the only holder of the command signing key.
 
 It reads verdicts, commands, outcomes (with the pool) and checkpoint events, folds them through
-the pure policy (``policy.py``), and publishes each decision as a signed ``command``. At start
-it reads every topic from the beginning to rebuild its state; decisions derived during that
-catch-up are published only if their idempotency key is not already on the commands topic, so
-a restarted service does not repeat itself.
+the pure policy (``policy.py``), and publishes each decision as a ``command`` signed with its
+Ed25519 key. At start it reads every topic from the beginning to rebuild its state; decisions
+derived during that catch-up are published only if their idempotency key is not already on
+the commands topic, so a restarted service does not repeat itself.
+
+What it believes (``signing.Trust``): a command only when it verifies with decide's own public
+key, an outcome or pool event only when it verifies with a trusted actuator key. Anything else
+of those types is dead-lettered by the consumer and never reaches the policy: a forged command
+cannot count as issued (squatting the idempotency key derived from a visible verdict id), and a
+forged ``pool.unit`` cannot move a rank or an epoch.
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ INPUT_TYPES = frozenset({"verdict", "command", "command.outcome", "pool.unit", "
 
 @dataclass(frozen=True)
 class DeciderOptions:
-    key: bytes
+    key: signing.PrivateKey
+    actuators: signing.KeySet = field(default_factory=signing.KeySet)  # trusted actuator keys
+    # decide's earlier public keys: its own commands signed before a key rotation still count
+    # as issued when it reads the commands topic back
+    previous: signing.KeySet = field(default_factory=signing.KeySet)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     tick_s: float = 0.25
     jobs: frozenset[str] | None = None  # None: every job
@@ -44,10 +54,17 @@ class Decider:
         self.opts = opts
         self.state = PolicyState()
         self.producer: EventSink | None = None  # made inside the running loop
+        self.trust = signing.Trust(
+            decide=opts.previous | signing.KeySet.of([opts.key.public()]),
+            actuators=opts.actuators)
 
-    def _wanted(self, event: Event) -> bool:
-        return event.type in INPUT_TYPES and (self.opts.jobs is None
-                                              or event.job_id in self.opts.jobs)
+    def wanted(self, event: Event) -> bool:
+        """An input of the policy for a job of ours, and believed: a record of a signed type
+        whose signature does not verify never reaches the policy (the consumer has already
+        dead-lettered it; checked again here, where the state is)."""
+        return (event.type in INPUT_TYPES
+                and (self.opts.jobs is None or event.job_id in self.opts.jobs)
+                and self.trust.check(event) is None)
 
     def feed(self, event: Event, now: int) -> list[Decision]:
         self.state, out = policy.step(self.state, event, now, self.opts.policy)
@@ -84,9 +101,11 @@ class Decider:
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = self.bus.producer()
         await self.producer.start()
-        # dedupe: a record written twice (a producer's retry) is folded once
+        # dedupe: a record written twice (a producer's retry) is folded once; a record of a
+        # signed type that does not verify is dead-lettered, never folded
         consumer = self.bus.consumer(ROLES, group_id=None, name="decide", dlq=self.producer,
-                                     from_offset="earliest", dedupe=True)
+                                     from_offset="earliest", dedupe=True,
+                                     check=self.trust.check)
         await consumer.start()
         seen: dict[str, int] = {}
         try:
@@ -95,7 +114,7 @@ class Decider:
             for d in await consumer.drain(idle_ms=500, limit_s=120):
                 if isinstance(d.event.payload, Command):
                     on_topic.add(d.event.payload.idempotency_key)
-                if self._wanted(d.event):
+                if self.wanted(d.event):
                     backlog.extend(await self._guarded(consumer, d))
             fresh = [d for d in backlog if d.command.idempotency_key not in on_topic]
             await self.publish(fresh, seen)
@@ -105,7 +124,7 @@ class Decider:
                 out: list[Decision] = []
                 for d in await consumer.poll(timeout_ms=int(self.opts.tick_s * 1000)):
                     ev = d.event
-                    if not self._wanted(ev):
+                    if not self.wanted(ev):
                         continue
                     if isinstance(ev.payload, Verdict):
                         seen[ev.payload.verdict_id] = ev.ingest_time or ev.event_time

@@ -5,6 +5,11 @@ final status after. A restarted actuator reloads the file and also folds the out
 (``note_outcome``), so a command redelivered after a crash is never acted on twice: a key
 with a final outcome is a replay; a key started but never finished was interrupted by the
 crash, and is reported ``timed_out`` rather than repeated.
+
+Only what the actuator did with a verified command uses a key: a refusal (a stale command, a
+replay) never does, whether written here by an older version or read back from the topic, so
+a forgery refused under a real command's key cannot block that command. The outcomes folded
+in are the ones the consumer verified (signed by a trusted actuator).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class Ledger:
                 self._merge(Entry(doc["key"], doc["command_id"], doc["status"]))
 
     def _merge(self, entry: Entry) -> None:
+        if entry.status == OutcomeStatus.REFUSED.value:
+            return  # a refusal never uses up a key
         old = self.entries.get(entry.key)
         if old is None or old.status not in FINAL:
             self.entries[entry.key] = entry

@@ -47,8 +47,9 @@ from trainguard.actuators.journal import Journal, ReplicaRecord, replicas
 
 log = logging.getLogger(__name__)
 
-# never handed to a rank: the command key and the Kafka credentials stay with the services
-SECRET_ENV = ("TRAINGUARD_COMMAND_KEY", "TRAINGUARD_KAFKA_SASL_PASSWORD")
+# never handed to a rank: the signing keys and the Kafka credentials stay with the services
+SECRET_ENV = ("TRAINGUARD_COMMAND_KEY", "TRAINGUARD_ACTUATOR_KEY",
+              "TRAINGUARD_KAFKA_SASL_PASSWORD")
 # the rank's first instructions: wait until the journal holds its record ("g" on the pipe),
 # then become the rank; EOF (the actuator died first) -> exit without running anything
 GATE = ("import os,sys\nfd=int(sys.argv[1])\ngo=os.read(fd,1)==b'g'\nos.close(fd)\n"

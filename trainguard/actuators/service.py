@@ -2,12 +2,16 @@
 
 At start it reads the outcomes topic from the beginning: the pool (``pool.unit``) and the used
 idempotency keys (``command.outcome``) are rebuilt from the log, merged with the local ledger
-file. It registers the job spec's units, finishes the command its journal shows in flight (an
-actuator killed mid-command: ``Executor.recover``; the command's outcome is published then),
-optionally launches the job, then consumes:
-- the commands topic (consumer group per job): a command acts only when its signature verifies
-  with the key from the secret file/env, its idempotency key is unused and it is fresh; every
-  command gets ``accepted`` then ``done``/``failed``, or one ``refused``/``timed_out`` outcome;
+file. Only events signed by a trusted actuator key (its own, plus ``trusted``) are believed;
+the rest are dead-lettered. Every outcome, pool event and refusal it writes is signed with its
+own key (``signing.sign_event``, in the publisher). It registers the job spec's units, finishes
+the command its journal shows in flight (an actuator killed mid-command: ``Executor.recover``;
+the command's outcome is published then), optionally launches the job, then consumes:
+- the commands topic (consumer group per job): a command whose signature does not verify with
+  decide's public key is dead-lettered (no outcome: a forgery gets no say about the key it
+  names). A verified command acts when its idempotency key is unused and it is fresh; it gets
+  ``accepted`` then ``done``/``failed``, or one ``refused``/``timed_out`` outcome. A refusal
+  never uses up a key;
 - the task topic (no group, from now): step reports and heartbeats with a stale binding epoch
   are refused (``replica.refused``); the process is killed only if the replica journal
   recorded exactly that replica and proves it alive (pidfd + start time + boot id).
@@ -18,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiokafka.errors import KafkaError
@@ -46,6 +50,7 @@ from trainguard.events.payloads import (
     RestartData,
     no_data,
 )
+from trainguard.events.registry import SIGNED_TYPES, Signer
 from trainguard.events.topics import TopicRole
 
 log = logging.getLogger(__name__)
@@ -54,8 +59,10 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ActuatorOptions:
     job: JobSpec
-    key: bytes
+    key: signing.KeySet  # decide's public key(s): commands
+    signer: signing.PrivateKey  # this actuator's own key: its outcomes and pool events
     state_dir: Path
+    trusted: signing.KeySet = field(default_factory=signing.KeySet)  # other actuators' keys
     launch: bool = False
     max_age_s: float = 60.0
     group_id: str | None = None
@@ -73,6 +80,9 @@ class Actuator:
         self.executor: Executor | None = None
         self.busy = False
         self._pub: asyncio.Task[None] | None = None  # the publisher, while run() runs
+        self.trust = signing.Trust(
+            decide=opts.key,
+            actuators=opts.trusted | signing.KeySet.of([opts.signer.public()]))
 
     def _emit_threadsafe(self, loop: asyncio.AbstractEventLoop) -> Emit:
         def emit(event: Event) -> None:
@@ -82,6 +92,8 @@ class Actuator:
     async def _publisher(self) -> None:
         while True:
             event = await self.queue.get()
+            if SIGNED_TYPES.get(event.type) is Signer.ACTUATOR:
+                event = signing.sign_event(self.opts.signer, event)
             await self._prod().send(event)
             if event.type == "replica.refused":
                 metrics.REFUSED_REPLICAS.labels(getattr(event.payload, "action", "?")).inc()
@@ -111,7 +123,8 @@ class Actuator:
     async def _rebuild(self) -> Executor:
         job = self.opts.job.job_id
         reader = EventConsumer(self.cfg, [TopicRole.OUTCOMES], group_id=None,
-                               name="actuator-rebuild", dlq=self.producer, dedupe=True)
+                               name="actuator-rebuild", dlq=self.producer, dedupe=True,
+                               check=self.trust.check)
         await reader.start()
         try:
             history = [d.event for d in await reader.drain(idle_ms=500, limit_s=300)]
@@ -209,7 +222,7 @@ class Actuator:
         # Commands are not deduplicated here: the ledger refuses a command seen again
         # ("replayed"), and that refusal is on the log for whoever replayed a signed command.
         commands = EventConsumer(self.cfg, [TopicRole.COMMANDS], group_id=group,
-                                 name="actuator", dlq=self.producer)
+                                 name="actuator", dlq=self.producer, check=self.trust.check)
         task = EventConsumer(self.cfg, [TopicRole.TASK], group_id=None, name="actuator-epochs",
                              dlq=self.producer, from_offset="latest")
         await commands.start()
@@ -267,9 +280,8 @@ class Actuator:
         cmd = event.payload
         assert isinstance(cmd, Command)
         bad = signing.verify(self.opts.key, event)
-        if bad is not None:  # a forged key must not burn a real one: not recorded
-            log.warning("refused command %s: %s", cmd.command_id, bad)
-            await self._outcome(event, cmd, OutcomeStatus.REFUSED, bad)
+        if bad is not None:  # the consumer dead-letters these; never an outcome, never a key
+            log.warning("ignored command %s: %s", cmd.command_id, bad)
             return
         seen = self.ledger.seen(cmd.idempotency_key)
         if seen is not None:
@@ -284,8 +296,7 @@ class Actuator:
                                     f"{seen.status}, command {seen.command_id})")
             return
         stale = signing.freshness(cmd, now_us(), max_age_s=self.opts.max_age_s)
-        if stale is not None:
-            self.ledger.record(cmd.idempotency_key, cmd.command_id, "refused")
+        if stale is not None:  # refused, not recorded: a refusal never uses up a key
             await self._outcome(event, cmd, OutcomeStatus.REFUSED, stale)
             return
         started = now_us()

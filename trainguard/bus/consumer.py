@@ -24,7 +24,7 @@ never act twice have their own guard on top (the actuator's ledger, decide's ide
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,11 +36,13 @@ from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode
 from trainguard.events.envelope import Event
-from trainguard.events.errors import ContractError
+from trainguard.events.errors import ContractError, FieldError
 from trainguard.events.topics import TopicNames, TopicRole
 
 log = logging.getLogger(__name__)
 DEDUPE_IDS = 200_000  # event ids remembered by a deduplicating consumer (about 20 MB)
+# Why a decoded event must not be believed (a signature that does not verify), or None.
+Check = Callable[[Event], str | None]
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class EventConsumer:
         names: TopicNames | None = None,
         from_offset: str = "earliest",
         dedupe: int | bool = False,
+        check: Check | None = None,
         **settings: Any,
     ) -> None:
         self.names = names or TopicNames(config.topic_prefix)
@@ -108,6 +111,7 @@ class EventConsumer:
         self.name = name
         self.stats = ConsumerStats()
         self._dlq = dlq
+        self._check = check  # e.g. ``signing.Trust.check``: refused like a bad record
         self._dlq_topic = self.names.name(TopicRole.DLQ)
         self._seen = SeenIds(DEDUPE_IDS if dedupe is True else int(dedupe)) if dedupe else None
         self.uncommitted = False  # records read (delivered or refused) since the last commit
@@ -149,6 +153,13 @@ class EventConsumer:
             except ContractError as err:
                 await self._dead_letter(err, rec.topic, rec.partition, rec.offset, rec.key,
                                         value)
+                continue
+            bad = self._check(event) if self._check is not None else None
+            if bad is not None:
+                sig = getattr(event.payload, "signature", None)
+                await self._dead_letter(ContractError([FieldError("payload.signature", sig,
+                                                                  bad)]),
+                                        rec.topic, rec.partition, rec.offset, rec.key, value)
                 continue
             if self._seen is not None and not self._seen.add(event.event_id):
                 self.stats.duplicates += 1

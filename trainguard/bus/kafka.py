@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.consumer import Check, EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.bus.protocol import EventSink, EventSource
 from trainguard.events.envelope import Event
@@ -24,12 +24,12 @@ class KafkaBus:
 
     def consumer(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
                  dlq: EventSink | None, from_offset: str = "earliest",
-                 dedupe: bool = False) -> EventSource:
+                 dedupe: bool = False, check: Check | None = None) -> EventSource:
         if dlq is not None and not isinstance(dlq, EventProducer):
             raise TypeError(f"{name}: the dead-letter producer of a Kafka consumer is a Kafka "
                             f"producer (got {type(dlq).__name__})")
         return EventConsumer(self.config, roles, group_id=group_id, name=name, dlq=dlq,
-                             names=self.names, from_offset=from_offset, dedupe=dedupe,
+                             names=self.names, from_offset=from_offset, dedupe=dedupe, check=check,
                              **self._consumer_settings)
 
     async def read(self, roles: Sequence[TopicRole]) -> list[Event]:

@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from trainguard.bus.consumer import DEDUPE_IDS, ConsumerStats, Delivered, SeenIds
+from trainguard.bus.consumer import DEDUPE_IDS, Check, ConsumerStats, Delivered, SeenIds
 from trainguard.bus.dlq import dead_letter, refusal
 from trainguard.bus.producer import stamp_ingest
 from trainguard.bus.protocol import EventSink
@@ -98,9 +98,9 @@ class MemoryBus:
 
     def consumer(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
                  dlq: EventSink | None, from_offset: str = "earliest",
-                 dedupe: bool = False) -> MemoryConsumer:
+                 dedupe: bool = False, check: Check | None = None) -> MemoryConsumer:
         return MemoryConsumer(self, roles, group_id=group_id, name=name, dlq=dlq,
-                              from_offset=from_offset, dedupe=dedupe)
+                              from_offset=from_offset, dedupe=dedupe, check=check)
 
     async def read(self, roles: Sequence[TopicRole]) -> list[Event]:
         return [e for role in roles for e in self.events(role)]
@@ -144,7 +144,7 @@ class MemoryProducer:
 class MemoryConsumer:
     def __init__(self, bus: MemoryBus, roles: Sequence[TopicRole], *, group_id: str | None,
                  name: str, dlq: EventSink | None, from_offset: str = "earliest",
-                 dedupe: bool = False) -> None:
+                 dedupe: bool = False, check: Check | None = None) -> None:
         if from_offset not in ("earliest", "latest"):
             raise ValueError(f"from_offset: 'earliest' or 'latest' (got {from_offset!r})")
         self.bus = bus
@@ -159,6 +159,7 @@ class MemoryConsumer:
         self._from = from_offset
         self._positions: dict[tuple[str, int], int] | None = None
         self._seen = SeenIds(DEDUPE_IDS) if dedupe else None
+        self._check = check
         self.uncommitted = False
 
     async def start(self) -> None:
@@ -213,6 +214,12 @@ class MemoryConsumer:
                 event = _decode(rec.value)
             except ContractError as err:
                 await self._dead_letter(err, topic, partition, offset, rec)
+                continue
+            bad = self._check(event) if self._check is not None else None
+            if bad is not None:
+                await self._dead_letter(ContractError([FieldError(
+                    "payload.signature", getattr(event.payload, "signature", None), bad)]),
+                    topic, partition, offset, rec)
                 continue
             if self._seen is not None and not self._seen.add(event.event_id):
                 self.stats.duplicates += 1

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from trainguard.bus.consumer import ConsumerStats, Delivered
+from trainguard.bus.consumer import Check, ConsumerStats, Delivered
 from trainguard.events.envelope import Event
 from trainguard.events.topics import TopicNames, TopicRole
 
@@ -78,9 +78,11 @@ class Bus(Protocol):
 
     def consumer(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
                  dlq: EventSink | None, from_offset: str = "earliest",
-                 dedupe: bool = False) -> EventSource:
+                 dedupe: bool = False, check: Check | None = None) -> EventSource:
         """``dedupe``: a record whose event id was delivered already is dropped (consumers
-        that fold state; bounded memory, see bus/consumer.py)."""
+        that fold state; bounded memory, see bus/consumer.py). ``check``: why a decoded event
+        must not be believed (a signature that does not verify), or None; such a record is
+        dead-lettered like a bad one."""
         ...
 
     async def read(self, roles: Sequence[TopicRole]) -> list[Event]:

@@ -26,8 +26,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--state-dir", type=Path,
                    help="ledger of used idempotency keys and rank logs (default "
                    "$TRAINGUARD_STATE/actuator-<job>)")
-    p.add_argument("--key-file", type=input_file, help="command signing key (default "
-                   "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
+    p.add_argument("--command-pubkey", type=input_file, help="decide's Ed25519 public key: only "
+                   "commands it verifies are carried out (default "
+                   "$TRAINGUARD_COMMAND_PUBKEY_FILE, else $TRAINGUARD_COMMAND_PUBKEY)")
+    p.add_argument("--actuator-key", type=input_file, help="this actuator's own Ed25519 key: signs "
+                   "its outcomes and pool events (default $TRAINGUARD_ACTUATOR_KEY_FILE, else "
+                   "$TRAINGUARD_ACTUATOR_KEY)")
+    p.add_argument("--actuator-pubkeys", type=input_file, help="other trusted actuator public keys "
+                   "(default $TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else "
+                   "$TRAINGUARD_ACTUATOR_PUBKEYS; its own key is always trusted)")
     p.add_argument("--max-age-s", type=float, default=60.0,
                    help="refuse commands issued longer ago than this (default 60)")
     p.add_argument("--no-cgroups", action="store_true",
@@ -40,21 +47,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from trainguard.actuators import metrics
+    from trainguard.actuators import metrics, signing
     from trainguard.actuators.jobspec import JobSpecError, load_job_spec
     from trainguard.actuators.local import LocalBackend
     from trainguard.actuators.service import Actuator, ActuatorOptions
-    from trainguard.actuators.signing import SigningKeyError, load_key
 
     try:
         job = load_job_spec(args.job_spec)
-        key = load_key(key_file=args.key_file)
-    except (JobSpecError, SigningKeyError) as exc:
+        key = signing.load_command_pubkey(key_file=args.command_pubkey)
+        signer = signing.load_actuator_key(key_file=args.actuator_key)
+        trusted = signing.KeySet()
+        if args.actuator_pubkeys is not None or signing.has_actuator_pubkeys():
+            trusted = signing.load_actuator_pubkeys(key_file=args.actuator_pubkeys)
+    except (JobSpecError, signing.SigningKeyError) as exc:
         raise SystemExit(f"trainguard actuator: {exc}") from None
     cfg = kafka_config(args, client_id=f"trainguard-actuator-{job.job_id}")
     sdir = args.state_dir or state_dir() / f"actuator-{job.job_id}"
     backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
-    actuator = Actuator(cfg, ActuatorOptions(job=job, key=key, state_dir=sdir,
+    actuator = Actuator(cfg, ActuatorOptions(job=job, key=key, signer=signer,
+                                             trusted=trusted, state_dir=sdir,
                                              launch=args.launch, max_age_s=args.max_age_s),
                         backend)
     if args.teardown:

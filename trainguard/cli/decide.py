@@ -16,8 +16,14 @@ from trainguard.cli.common import (
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("decide", help="run the remediation policy: verdicts -> signed commands")
     add_kafka_args(p)
-    p.add_argument("--key-file", type=input_file, help="command signing key (default "
+    p.add_argument("--key-file", type=input_file, help="Ed25519 command signing key (default "
                    "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
+    p.add_argument("--actuator-pubkeys", type=input_file, help="trusted actuator public keys: "
+                   "outcomes and pool events are believed only when signed by one (default "
+                   "$TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else $TRAINGUARD_ACTUATOR_PUBKEYS)")
+    p.add_argument("--command-pubkey", type=input_file, help="decide's earlier public keys, still "
+                   "trusted when reading its own commands back after a key rotation (default "
+                   "$TRAINGUARD_COMMAND_PUBKEY_FILE, else $TRAINGUARD_COMMAND_PUBKEY; optional)")
     p.add_argument("--job", action="append", help="only these jobs (default: every job)")
     p.add_argument("--window-s", type=float, default=5.0,
                    help="one policy window, in seconds (default 5)")
@@ -43,11 +49,22 @@ def _run(args: argparse.Namespace) -> int:
     from trainguard.actuators import metrics
     from trainguard.actuators.decider import Decider, DeciderOptions
     from trainguard.actuators.policy import PolicyConfig
-    from trainguard.actuators.signing import SigningKeyError, load_key
+    from trainguard.actuators.signing import (
+        KeySet,
+        SigningKeyError,
+        has_command_pubkey,
+        load_actuator_pubkeys,
+        load_command_pubkey,
+        load_key,
+    )
     from trainguard.bus.kafka import KafkaBus
 
     try:
         key = load_key(key_file=args.key_file)
+        actuators = load_actuator_pubkeys(key_file=args.actuator_pubkeys)
+        previous = KeySet()
+        if args.command_pubkey is not None or has_command_pubkey():
+            previous = load_command_pubkey(key_file=args.command_pubkey)
         pol = PolicyConfig(window_s=args.window_s, tier_windows=args.tier_windows,
                            settle_s=args.settle_s, quota_pct=args.quota_pct,
                            storm_restarts=args.storm_restarts,
@@ -60,7 +77,8 @@ def _run(args: argparse.Namespace) -> int:
         check_ids(job_id=job)
     cfg = kafka_config(args, client_id="trainguard-decide")
     metrics.serve(args.metrics_port)
-    decider = Decider(KafkaBus(cfg), DeciderOptions(key=key, policy=pol,
+    decider = Decider(KafkaBus(cfg), DeciderOptions(key=key, actuators=actuators,
+                                                    previous=previous, policy=pol,
                                           jobs=frozenset(args.job) if args.job else None))
     run_until_stopped(decider.run)
     return 0

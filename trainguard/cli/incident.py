@@ -37,6 +37,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     srv.add_argument("--group", help="consumer group (default: <prefix>-incidents)")
     srv.add_argument("--idle-flush-s", type=float, default=5.0,
                      help="flush the reorder buffer after this long without input")
+    srv.add_argument("--command-pubkey", type=input_file, help="decide's public key: commands are "
+                     "folded only when it verifies them (default "
+                     "$TRAINGUARD_COMMAND_PUBKEY_FILE, else $TRAINGUARD_COMMAND_PUBKEY)")
+    srv.add_argument("--actuator-pubkeys", type=input_file, help="trusted actuator public keys: "
+                     "outcomes and pool events are folded only when one verifies them "
+                     "(default $TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else "
+                     "$TRAINGUARD_ACTUATOR_PUBKEYS)")
     srv.set_defaults(func=_serve)
 
 
@@ -95,11 +102,19 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from trainguard.actuators import signing
+
+    try:
+        trust = signing.Trust(
+            decide=signing.load_command_pubkey(key_file=args.command_pubkey),
+            actuators=signing.load_actuator_pubkeys(key_file=args.actuator_pubkeys))
+    except signing.SigningKeyError as exc:
+        raise SystemExit(f"trainguard incident serve: {exc}") from None
     cfg = kafka_config(args, client_id="trainguard-incidents")
 
     async def run(stop: asyncio.Event) -> None:
         stats = await serve(KafkaBus(cfg), settings=settings_of(args), group=args.group,
-                            idle_flush_s=args.idle_flush_s, stop=stop)
+                            idle_flush_s=args.idle_flush_s, stop=stop, check=trust.check)
         print(f"incidents: consumed {stats.consumed}, published {stats.published}, "
               f"already published {stats.already_published}")
 

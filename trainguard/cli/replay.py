@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp.add_argument("--rules", type=input_file,
                     help="rule file (default: the shipped default rules)")
     rp.add_argument("--json", action="store_true", help="the comparison as JSON")
+    rp.add_argument("--actuator-pubkeys", type=input_file, help="trusted actuator public keys: the "
+                    "rules take binding epochs from the pool events they sign, as the live "
+                    "worker does (default $TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else "
+                    "$TRAINGUARD_ACTUATOR_PUBKEYS; none: no binding is believed)")
     rp.add_argument("--join-window-ms", type=int, default=30_000, help=argparse.SUPPRESS)
     rp.add_argument("--lateness-ms", type=int, default=15_000, help=argparse.SUPPRESS)
     rp.set_defaults(func=_replay)
@@ -64,10 +68,16 @@ def _load(args: argparse.Namespace) -> tuple[list[Event], Window]:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    # a bad file, window or rule set, or no broker: one line and exit 2, from cli.main
+    from trainguard.actuators import signing
+
+    # a bad file, window, rule set or key, or no broker: one line and exit 2, from cli.main
     rules = load_rules(args.rules) if args.rules else load_default_rules()
+    check = None
+    if args.actuator_pubkeys is not None or signing.has_actuator_pubkeys():
+        keys = signing.load_actuator_pubkeys(key_file=args.actuator_pubkeys)
+        check = signing.Trust(actuators=keys).check
     events, window = _load(args)
-    result = replay_log(events, rules, window, settings_of(args))
+    result = replay_log(events, rules, window, settings_of(args), check)
     if args.json:
         sys.stdout.write(orjson.dumps(report_doc(result), option=orjson.OPT_INDENT_2).decode()
                          + "\n")

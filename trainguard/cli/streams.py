@@ -39,6 +39,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-prompt", action="store_true",
                    help="decide process exits, must-drain XIDs and link downs only in "
                    "event-time order (after the lateness bound), not on arrival")
+    p.add_argument("--actuator-pubkeys", type=input_file, help="trusted actuator public keys: the "
+                   "rules take binding epochs from the pool events they sign (default "
+                   "$TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else $TRAINGUARD_ACTUATOR_PUBKEYS; "
+                   "none: no binding is believed, stale replicas' reports are evaluated)")
     p.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info",
                                                           "debug"])
     p.set_defaults(func=_run)
@@ -47,11 +51,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     from faust import Worker
 
+    from trainguard.actuators import signing
     from trainguard.bus.admin import check_transactions, topic_partitions
     from trainguard.events.topics import TopicNames, TopicRole
     from trainguard.rules import engine_factory, load_default_rules, load_rules
     from trainguard.streams.app import build_app
 
+    check = None
+    if args.actuator_pubkeys is not None or signing.has_actuator_pubkeys():
+        try:
+            keys = signing.load_actuator_pubkeys(key_file=args.actuator_pubkeys)
+        except signing.SigningKeyError as exc:
+            raise SystemExit(f"trainguard streams: {exc}") from None
+        check = signing.Trust(actuators=keys).check
     cfg = kafka_config(args, client_id="trainguard-streams")
     rules = load_rules(args.rules) if args.rules else load_default_rules()
     names = TopicNames(cfg.topic_prefix)
@@ -64,6 +76,16 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"topic {names.name(TopicRole.TELEMETRY)} has {telemetry} partitions, "
                          f"{names.name(TopicRole.TASK)} {partitions}: both are keyed by job and "
                          "must have as many, so a job's records meet in one worker")
+    if check is not None:
+        outcomes = asyncio.run(topic_partitions(cfg, names.name(TopicRole.OUTCOMES)))
+        if outcomes != partitions:
+            raise SystemExit(f"topic {names.name(TopicRole.OUTCOMES)} has {outcomes} "
+                             f"partitions, {names.name(TopicRole.TASK)} {partitions}: the "
+                             "rules read the actuators' bindings from it, keyed by job, so it "
+                             "must have as many")
+    else:
+        log.warning("streams: no trusted actuator keys: binding epochs are not known, the "
+                    "reports of stale replicas are evaluated")
     app_id = args.app_id or f"{cfg.topic_prefix}-streams"
     refused = asyncio.run(check_transactions(cfg, f"{app_id}-preflight"))
     if refused:  # faust would carry on without exactly-once (it only logs a warning)
@@ -76,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
                     web_port=args.web_port, web_addr=args.web_addr,
                     batch_size=args.batch_size,
                     batch_within_s=args.batch_within,
-                    commit_interval_s=args.commit_interval)
+                    commit_interval_s=args.commit_interval, check=check)
     log.warning("streams %s: %d partitions, rules %s", app_id, partitions, rules.version)
     Worker(app, loglevel=args.loglevel, quiet=True).execute_from_commandline()
     return 0

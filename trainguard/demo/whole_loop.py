@@ -138,8 +138,8 @@ def end_job(stack: LocalStack, spec: Path) -> None:
     stack.stop("agent")
     stack.stop(f"actuator-{JOB}")
     subprocess.run(stack.cli("actuator", "--job-spec", str(spec), "--state-dir",
-                             str(stack.root / f"actuator-{JOB}"), "--key-file",
-                             str(stack.key_file), "--teardown"),
+                             str(stack.root / f"actuator-{JOB}"),
+                             *stack.actuator_key_args(), "--teardown"),
                    check=False, timeout=120, stdout=subprocess.DEVNULL)
 
 
@@ -312,7 +312,7 @@ def _present(stack: LocalStack, run_dir: Path, out: DemoOutcome, say: Say) -> No
         html = run_dir / f"incident-{incident_id[:12]}.html"
         _cli_text(stack, "incident", "show", incident_id, "--format", "html", "--out", str(html))
         say(f"[demo] timeline page: {html}")
-    say(_cli_text(stack, "replay", "--job", JOB))
+    say(_cli_text(stack, "replay", "--job", JOB, *stack.trust_args()))
     say(f"[demo] chat receiver got {out.chat_messages} message(s) (an opening and an ending "
         "per incident, on each channel)")
     say(f"[demo] logs, checkpoints and pages under {run_dir}")

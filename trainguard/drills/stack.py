@@ -11,7 +11,9 @@ the demo::
 
 Each service is ``python -m trainguard.cli.main <command> ...`` in its own session, its output
 in ``<root>/logs/<name>.log``. Nothing is hidden: ``stack.services`` lists what runs, with
-pids and log files. The command signing key is a secret file made for the stack (mode 0600).
+pids and log files. The signing keys are made for the stack by ``signing.generate`` in
+``<root>/keys`` (private keys mode 0600): decide gets the command key and the trusted actuator
+public keys, each actuator decide's public key and an actuator key.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from trainguard.actuators import signing
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
 from trainguard.dev.kafka import BrokerInfo, KafkaBroker
@@ -101,7 +103,7 @@ class LocalStack:
         self.revived: list[tuple[str, int | None]] = []  # (service, its exit code)
         self.info: BrokerInfo | None = None
         self.broker_was_running = False
-        self.key_file = root / "command.key"
+        self.keys = root / "keys"  # `trainguard keys gen`: decide's and the actuators' keys
         self.agent_socket = root / "agent.sock"
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -114,10 +116,8 @@ class LocalStack:
                  f"{', reused' if self.broker_was_running else ''})")
         asyncio.run(ensure_topics(self.config(), TopicNames(self.prefix),
                                   partitions={s.role: self.partitions for s in TOPIC_SPECS}))
-        if not self.key_file.exists():
-            fd = os.open(self.key_file, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(secrets.token_hex(32))
+        if not (self.keys / signing.COMMAND_KEY).exists():
+            signing.generate(self.keys)
         return self
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
@@ -130,6 +130,19 @@ class LocalStack:
             raise StackError("no broker")
         return KafkaConfig(bootstrap=info.bootstrap, topic_prefix=self.prefix,
                            client_id=client_id)
+
+    def trust_args(self) -> list[str]:
+        """For the readers that believe actuator events (streams, replay)."""
+        return ["--actuator-pubkeys", str(self.keys / signing.ACTUATOR_PUBS)]
+
+    def decide_key_args(self) -> list[str]:
+        return ["--key-file", str(self.keys / signing.COMMAND_KEY),
+                "--actuator-pubkeys", str(self.keys / signing.ACTUATOR_PUBS)]
+
+    def actuator_key_args(self) -> list[str]:
+        return ["--command-pubkey", str(self.keys / signing.COMMAND_PUB),
+                "--actuator-key", str(self.keys / signing.ACTUATOR_KEY),
+                "--actuator-pubkeys", str(self.keys / signing.ACTUATOR_PUBS)]
 
     def cli(self, *args: str) -> list[str]:
         """The argv of ``trainguard ARGS`` against this stack's broker and prefix."""
@@ -166,17 +179,19 @@ class LocalStack:
         return svc
 
     def start_streams(self) -> Service:
-        return self._start("streams", self.cli("streams", "--datadir",
-                                                str(self.root / "streams")))
+        return self._start("streams", self.cli(
+            "streams", "--datadir", str(self.root / "streams"), *self.trust_args()))
 
     def start_decide(self, window_s: float = 3.0, settle_s: float = 1.5) -> Service:
         return self._start("decide", self.cli(
-            "decide", "--key-file", str(self.key_file), "--window-s", str(window_s),
+            "decide", *self.decide_key_args(), "--window-s", str(window_s),
             "--settle-s", str(settle_s), "--outcome-timeout-s", "120"))
 
     def start_incidents(self) -> Service:
-        return self._start("incidents", self.cli("incident", "serve", "--idle-flush-s", "2",
-                                                  "--lateness-ms", "5000"))
+        return self._start("incidents", self.cli(
+            "incident", "serve", "--idle-flush-s", "2", "--lateness-ms", "5000",
+            "--command-pubkey", str(self.keys / signing.COMMAND_PUB), "--actuator-pubkeys",
+            str(self.keys / signing.ACTUATOR_PUBS)))
 
     def start_services(self, names: Sequence[str] = ("agent", "streams", "decide",
                                                      "incidents")) -> None:
@@ -187,7 +202,7 @@ class LocalStack:
 
     def start_actuator(self, job_id: str, job_spec: Path, *, launch: bool = True) -> Service:
         args = ["actuator", "--job-spec", str(job_spec), "--state-dir",
-                str(self.root / f"actuator-{job_id}"), "--key-file", str(self.key_file)]
+                str(self.root / f"actuator-{job_id}"), *self.actuator_key_args()]
         if launch:
             args.append("--launch")
         return self._start(f"actuator-{job_id}", self.cli(*args))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,6 +30,11 @@ consumer carries on with the records around them.
 Versioning: changes are additive within a version (new optional fields). A change that
 needs a reader to transform old records bumps `schema_version` and ships an upcaster; readers
 refuse versions newer than they know.
+
+Signatures: a type with a signer (column *signed by*) carries an Ed25519 signature in its
+payload's `signature` field (`ed25519:<key id>:<128 hex>`, see `trainguard/actuators/signing.py`
+and docs/security.md). A reader that believes such a type checks it against the keys
+configured to it; a record that does not verify is dead-lettered with the reason, never folded.
 """
 
 
@@ -86,8 +92,9 @@ def _vocabulary(model: type[BaseModel]) -> list[str]:
                 "`failure` restarts around the rank at once, `ladder` climbs the tiers, `info` "
                 "is recorded only):", "", "| kind | class |", "|---|---|",
                 *(f"| `{k.value}` | {k.verdict_class.value} |" for k in p.VerdictKind)]
-    keyed = {p.Command: ("params", p.COMMAND_PARAMS),
-             p.CommandOutcome: ("data", p.OUTCOME_DATA)}.get(model)
+    by_model: dict[type[BaseModel], tuple[str, Mapping[p.CommandAction, type[BaseModel]]]] = {
+        p.Command: ("params", p.COMMAND_PARAMS), p.CommandOutcome: ("data", p.OUTCOME_DATA)}
+    keyed = by_model.get(model)
     if keyed is None:
         return []
     field, by_action = keyed
@@ -99,10 +106,11 @@ def _vocabulary(model: type[BaseModel]) -> list[str]:
 def render_markdown(names: TopicNames | None = None) -> str:
     names = names or TopicNames()
     out = [_INTRO, "## Event types", "",
-           "| type | version | topic | key | meaning |", "|---|---|---|---|---|"]
+           "| type | version | topic | key | signed by | meaning |", "|---|---|---|---|---|---|"]
     for t in EVENT_TYPES:
+        signer = t.signed_by.value if t.signed_by is not None else "-"
         out.append(f"| `{t.name}` | {t.version} | `{names.name(t.topic)}` | {t.key_by} | "
-                   f"{t.summary} |")
+                   f"{signer} | {t.summary} |")
     out += ["", "## Topics", "", "| topic | partitions | key | retention | meaning |",
             "|---|---|---|---|---|"]
     for s in TOPIC_SPECS:
@@ -113,6 +121,8 @@ def render_markdown(names: TopicNames | None = None) -> str:
             "### Subject", "", *_fields_table(Subject), ""]
     for t in EVENT_TYPES:
         out += [f"## `{t.name}` (v{t.version}) — {t.payload.__name__}", "", t.summary, ""]
+        if t.signed_by is not None:
+            out += [f"Signed by: {t.signed_by.value} (`payload.signature`).", ""]
         if t.requires_subject:
             out += ["Subject must carry: " + ", ".join(f"`{f}`" for f in t.requires_subject), ""]
         out += _fields_table(t.payload)

@@ -576,6 +576,7 @@ class CommandOutcome(Payload):
     def retry(self) -> RetryCondition | None:
         """The condition that made a failed restart retryable, or None."""
         return self.data.retry if isinstance(self.data, RestartData) else None
+    signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 
 # --- the pool: units and replicas ---------------------------------------------------------
@@ -608,6 +609,7 @@ class PoolUnit(Payload):
     reason: Annotated[str, Field(max_length=4096)] = ""
     resources: FlatMap = Field(default_factory=dict)
     released: list[str] = Field(default_factory=list)
+    signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 
 class ReplicaRefused(Payload):
@@ -620,6 +622,7 @@ class ReplicaRefused(Payload):
     pid: Annotated[int, Field(gt=0)] | None = None
     action: Literal["discarded", "killed", "already_gone"]
     reason: Annotated[str, Field(max_length=4096)] = ""
+    signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 
 # --- drills and incidents ------------------------------------------------------------------

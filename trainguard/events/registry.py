@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal
 
 from trainguard.events import payloads as p
@@ -16,6 +17,14 @@ from trainguard.events.topics import TopicRole
 KeyBy = Literal["job"]  # every topic is keyed by job: a job's records meet in one partition
 SubjectField = Literal["node", "gpu", "rank", "link", "unit"]
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class Signer(StrEnum):
+    """Who signs a type's payload (``signature``), with what key (``actuators/signing.py``).
+    A record of a signed type that does not verify is dead-lettered, never believed."""
+
+    DECIDE = "decide"  # the command private key, held by `trainguard decide` only
+    ACTUATOR = "actuator"  # each actuator's own key; readers trust a configured set
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,7 @@ class EventType:
     key_by: KeyBy
     summary: str
     requires_subject: tuple[SubjectField, ...] = ()
+    signed_by: Signer | None = None
 
 
 EVENT_TYPES: tuple[EventType, ...] = (
@@ -50,18 +60,20 @@ EVENT_TYPES: tuple[EventType, ...] = (
     EventType("verdict", 1, p.Verdict, TopicRole.VERDICTS, "job",
               "A rule opened or resolved a located, evidenced verdict."),
     EventType("command", 1, p.Command, TopicRole.COMMANDS, "job",
-              "A signed remediation decision for the actuator (tier 1-3 or escalation)."),
+              "A signed remediation decision for the actuator (tier 1-3 or escalation).",
+              signed_by=Signer.DECIDE),
     EventType("command.outcome", 1, p.CommandOutcome, TopicRole.OUTCOMES, "job",
               "What happened to a command: accepted, done, failed, timed out or refused. A "
               "failed one with `data.retry` (the condition, e.g. `storage_unreachable`) "
-              "changed nothing and may succeed once that clears: the policy retries it."),
+              "changed nothing and may succeed once that clears: the policy retries it.",
+              signed_by=Signer.ACTUATOR),
     EventType("pool.unit", 1, p.PoolUnit, TopicRole.OUTCOMES, "job",
               "A pool unit became spare, bound (rank, epoch), draining, fenced or failed.",
-              ("unit",)),
+              ("unit",), signed_by=Signer.ACTUATOR),
     EventType("replica.refused", 1, p.ReplicaRefused, TopicRole.OUTCOMES, "job",
               "A stale replica (old binding epoch) was refused: its reports discarded; killed "
               "only when the actuator launched it and re-proves its pid.",
-              ("rank",)),
+              ("rank",), signed_by=Signer.ACTUATOR),
     EventType("injection", 1, p.Injection, TopicRole.DRILLS, "job",
               "A drill injected (or rolled back) one fault."),
     EventType("incident.transition", 1, p.IncidentTransition, TopicRole.INCIDENTS, "job",
@@ -69,6 +81,8 @@ EVENT_TYPES: tuple[EventType, ...] = (
 )
 
 BY_NAME: Mapping[str, EventType] = {t.name: t for t in EVENT_TYPES}
+SIGNED_TYPES: Mapping[str, Signer] = {t.name: t.signed_by for t in EVENT_TYPES
+                                      if t.signed_by is not None}
 
 
 def _step_report_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:

@@ -79,9 +79,13 @@ _EVENT_SPECS: tuple[TopicSpec, ...] = (
     TopicSpec(TopicRole.COMMANDS, 3, "job", "Signed remediation commands.",
               writers=frozenset({S.DECIDE}),
               readers=_ALL_SEE | {S.DECIDE, S.ACTUATOR, S.INCIDENTS, S.DRILLS}),
-    TopicSpec(TopicRole.OUTCOMES, 3, "job", "Command outcomes from the actuators.",
+    # streams reads it too: the rules believe bindings only from verified pool events
+    TopicSpec(TopicRole.OUTCOMES, 12, "job",
+              "Command outcomes, pool events and refusals from the actuators, signed by them; "
+              "as many partitions as the task topic, so a streams worker sees a job's "
+              "verified bindings with its reports.",
               writers=frozenset({S.ACTUATOR}),
-              readers=_ALL_SEE | {S.DECIDE, S.ACTUATOR, S.INCIDENTS, S.DRILLS}),
+              readers=_ALL_SEE | {S.STREAMS, S.DECIDE, S.ACTUATOR, S.INCIDENTS, S.DRILLS}),
     TopicSpec(TopicRole.DRILLS, 3, "job", "Fault injections by drills.",
               writers=frozenset({S.DRILLS}),
               readers=_ALL_SEE | {S.DRILLS}),

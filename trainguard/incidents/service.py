@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from trainguard.bus.consumer import Check
 from trainguard.bus.protocol import Bus
 from trainguard.events.envelope import Event
 from trainguard.events.topics import TopicRole
@@ -78,8 +79,11 @@ class Publisher:
 
 async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                 group: str | None = None, idle_flush_s: float = 5.0,
-                stop: asyncio.Event | None = None, stats: ServiceStats | None = None
-                ) -> ServiceStats:
+                stop: asyncio.Event | None = None, stats: ServiceStats | None = None,
+                check: Check | None = None) -> ServiceStats:
+    """``check`` (``signing.Trust.check``): commands, outcomes and pool events are folded only
+    when their signature verifies; the others are dead-lettered by the consumer and left out
+    of the history read at start. None: nothing is checked (in-process tests)."""
     stats = stats or ServiceStats()
     stop = stop or asyncio.Event()
     live = LiveIncidents(settings)
@@ -88,10 +92,12 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
     producer = bus.producer()
     await producer.start()
     consumer = bus.consumer(INPUT_ROLES, group_id=group or f"{bus.names.prefix}-incidents",
-                            name="incidents", dlq=producer, from_offset="earliest")
+                            name="incidents", dlq=producer, from_offset="earliest", check=check)
     try:
         publisher = Publisher(producer, known, stats)
         history = await bus.read(INPUT_ROLES)
+        if check is not None:
+            history = [e for e in history if check(e) is None]
         out: list[Event] = []
         # topic by topic is not an arrival order within any lateness: time order is
         for ev in order(history):

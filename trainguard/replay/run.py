@@ -6,20 +6,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainguard.bus.consumer import Check
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import IncidentTransition, Verdict, VerdictState
-from trainguard.events.registry import BY_NAME
-from trainguard.events.topics import TopicRole
+from trainguard.events.registry import SIGNED_TYPES
 from trainguard.incidents.aggregate import incident_id, rebuild
 from trainguard.incidents.settings import IncidentSettings
 from trainguard.incidents.source import order
 from trainguard.replay.diff import IncidentDiff, VerdictDiff, diff_incidents, diff_verdicts
 from trainguard.replay.window import Window
 from trainguard.rules import RuleEngine, RuleSet
-
-# What the streams worker reads: the task topic and the node telemetry (both keyed by job).
-RULE_INPUTS = frozenset(t.name for t in BY_NAME.values()
-                        if t.topic in (TopicRole.TASK, TopicRole.TELEMETRY))
+from trainguard.rules.engine import RULE_INPUTS
 
 
 @dataclass
@@ -55,14 +52,19 @@ def retracted_verdicts(log: Sequence[Event]) -> set[str]:
             and e.payload.evidence.get("retracted") is True}
 
 
-def rerun_rules(events: Sequence[Event], ruleset: RuleSet, until: int | None) -> list[Event]:
+def rerun_rules(events: Sequence[Event], ruleset: RuleSet, until: int | None,
+                check: Check | None = None) -> list[Event]:
     """Verdicts as the live worker decides them: every job's inputs in event-time order (a
-    valid arrival order), no flush at the end (the live worker never flushes)."""
+    valid arrival order), no flush at the end (the live worker never flushes). Records of a
+    signed type (the actuators' bindings) are fed only when ``check`` verifies them, as the
+    live worker does; without ``check`` none is."""
     limit = None if until is None else until + ruleset.allowed_lateness_us
     engines: dict[str, RuleEngine] = {}
     out: list[Event] = []
     for ev in events:
         if ev.type not in RULE_INPUTS or (limit is not None and ev.event_time > limit):
+            continue
+        if ev.type in SIGNED_TYPES and (check is None or check(ev) is not None):
             continue
         engine = engines.get(ev.job_id)
         if engine is None:
@@ -72,13 +74,14 @@ def rerun_rules(events: Sequence[Event], ruleset: RuleSet, until: int | None) ->
 
 
 def replay_log(events: Sequence[Event], ruleset: RuleSet, window: Window | None = None,
-               settings: IncidentSettings | None = None) -> ReplayResult:
+               settings: IncidentSettings | None = None,
+               check: Check | None = None) -> ReplayResult:
     window = window or Window()
     log = order(events)
     retracted = retracted_verdicts(log)
     recorded_v = [e for e in log if isinstance(e.payload, Verdict)
                   and e.payload.verdict_id not in retracted]
-    replayed_v = rerun_rules(log, ruleset, window.end)
+    replayed_v = rerun_rules(log, ruleset, window.end, check)
     decisions = [e for e in log if not isinstance(e.payload, (Verdict, IncidentTransition))]
     replayed_t = rebuild(decisions + replayed_v, settings)
     left_out = {incident_id(e.job_id, vid) for e in log if isinstance(e.payload, Verdict)

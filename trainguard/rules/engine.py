@@ -13,9 +13,11 @@ interleaving within ``allowed_lateness_ms``, with duplicates, and across snapsho
 The watermark is kept per job: a job's events all live in one partition, and a per-job
 watermark makes each job's verdicts independent of what other jobs share its partition.
 
-Binding epochs (``epochs.py``): between the buffer and the rules, reports, heartbeats and exits
-of a replica older than the newest seen for the rank are dropped (``stats()["stale"]``), and
-the first sign of a newer one makes every rule forget that rank's per-rank state.
+Binding epochs (``epochs.py``): who holds which epoch comes only from verified ``pool.unit``
+``bound`` events (the edge feeds the engine only those whose actuator signature verified);
+between the buffer and the rules, reports, heartbeats and exits of an epoch older than the
+rank's bound one are dropped (``stats()["stale"]``), and a binding at a higher epoch makes
+every rule forget that rank's per-rank state. A report's own epoch never moves the binding.
 
 Prompt lane (``prompt=True``, what the streams worker runs): a discrete critical signal - a
 process exit, a must-drain XID, a link down - need not wait for the watermark. On its arrival
@@ -37,7 +39,9 @@ import orjson
 
 from trainguard.events.codec import decode_obj, encode
 from trainguard.events.envelope import Event
-from trainguard.events.payloads import Heartbeat, ProcessExit, StepReport, Verdict
+from trainguard.events.payloads import PoolUnit, ProcessExit, UnitState, Verdict
+from trainguard.events.registry import BY_NAME
+from trainguard.events.topics import TopicRole
 from trainguard.rules.base import Context, RuleBase
 from trainguard.rules.epochs import EpochGate, Gate
 from trainguard.rules.ordering import ReorderBuffer
@@ -46,6 +50,10 @@ from trainguard.rules.schema import RuleSet
 from trainguard.streams.engine import EngineFactory
 
 SNAPSHOT_VERSION = 1
+# What the engine is fed: the task topic, the node telemetry, and the actuators' verified
+# bindings (``pool.unit``: the edge feeds only those whose signature verified).
+RULE_INPUTS = frozenset(t.name for t in BY_NAME.values()
+                        if t.topic in (TopicRole.TASK, TopicRole.TELEMETRY)) | EpochGate.types
 
 
 class RuleEngine:
@@ -128,11 +136,13 @@ class RuleEngine:
     def _prompt(self, event: Event) -> list[Event]:
         payload = event.payload
         kind = type(payload)
-        if kind is StepReport or kind is Heartbeat:
-            rank = str(payload.rank)  # type: ignore[attr-defined]
-            epoch = payload.binding_epoch  # type: ignore[attr-defined]
-            if epoch > self._arrived_epoch.get(rank, -1):
-                self._arrived_epoch[rank] = epoch
+        if kind is PoolUnit:
+            unit: PoolUnit = payload  # type: ignore[assignment]
+            if unit.state is UnitState.BOUND and unit.rank is not None \
+                    and unit.epoch is not None:
+                rank = str(unit.rank)
+                if unit.epoch > self._arrived_epoch.get(rank, -1):
+                    self._arrived_epoch[rank] = unit.epoch
             return []
         rules = self._prompters.get(event.type)
         if not rules or event.event_id in self._early:
@@ -157,8 +167,9 @@ class RuleEngine:
         if ex.binding_epoch is None:
             entry = self.gate.ranks.get(rank)
             return entry is not None and ex.pid in entry[2]
-        newest = max(self.gate.epoch(ex.rank) or 0, self._arrived_epoch.get(rank, -1))
-        return ex.binding_epoch < newest
+        known = [e for e in (self.gate.epoch(ex.rank), self._arrived_epoch.get(rank))
+                 if e is not None]
+        return bool(known) and ex.binding_epoch < max(known)
 
     def _confirm(self, got: list[Event]) -> list[Event]:
         """Drop the verdicts the prompt lane already emitted."""

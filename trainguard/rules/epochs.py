@@ -1,19 +1,32 @@
 """Binding epochs: which replica of a rank is the current one.
 
-Every binding of a rank to a compute unit carries an epoch (``StepReport.binding_epoch``,
-``Heartbeat.binding_epoch``, ``ProcessExit.binding_epoch``); a remediation binds a new replica
+Every binding of a rank to a compute unit carries an epoch; a remediation binds a new replica
 with a higher epoch, and the job goes back to its checkpoint (steps restart at checkpoint + 1).
+Who holds which epoch is a *pool* fact: it is believed only from ``pool.unit`` ``bound``
+events, which the actuator signs and the edge (streams worker, replay) verifies before they
+reach the engine. A report's own ``binding_epoch`` (``StepReport``, ``Heartbeat``,
+``ProcessExit``) is unsigned: it can only be found older than the verified binding; it never
+moves the epoch. (Before, one forged step report with a higher epoch made
+the rank's real reports stale.)
+
 The gate sits between the reorder buffer and the rules, so it sees the job's events in
 event-time order and decides the same in live processing and replay:
 
-- ``ADMIT``: the current replica (or a rank seen for the first time);
-- ``REBIND``: the first sign of a newer epoch: the rules forget that rank's per-rank state
-  (``RuleBase.rebind``), then take the event;
-- ``STALE``: a report, heartbeat or exit of an older epoch than the newest seen for the rank (a
-  stale replica, or the exit of the process a rebinding replaced): counted, never evaluated.
-  An exit without an epoch is stale when its pid belonged to an older epoch of the rank.
+- ``ADMIT``: a report at or above the rank's bound epoch (a newer claim is evidence like any
+  report, but moves nothing: a binding whose event came too late for the reorder buffer must
+  not leave the new replica unheard), or from the bound pid whatever epoch it claims (a
+  workload that does not read ``TRAINGUARD_BINDING_EPOCH`` reports 0), a report of a rank
+  without a verified binding (a job no actuator runs, or run without pool events), or the
+  first binding of a rank;
+- ``REBIND``: a verified binding of a rank at a higher epoch than the one bound, or the first
+  binding of a rank whose reports were already admitted: the rules forget that rank's
+  per-rank state (``RuleBase.rebind``);
+- ``STALE``: a report, heartbeat or exit of another pid with an epoch older than the rank's
+  bound one (a replaced replica), or an exit without an epoch whose pid belonged to an older
+  binding of the rank: counted, never evaluated.
 
-State is plain JSON: ``{rank: [epoch, current pid or None, [pids of older epochs]]}``.
+State is plain JSON: ``{rank: [epoch, bound pid or None, [pids of older epochs]]}`` and the
+ranks seen reporting before any binding.
 """
 
 from __future__ import annotations
@@ -22,7 +35,7 @@ from enum import Enum
 from typing import Any
 
 from trainguard.events.envelope import Event
-from trainguard.events.payloads import Heartbeat, ProcessExit, StepReport
+from trainguard.events.payloads import Heartbeat, PoolUnit, ProcessExit, StepReport, UnitState
 
 OLD_PIDS = 8  # pids of earlier epochs remembered per rank (exits without an epoch)
 
@@ -34,10 +47,11 @@ class Gate(Enum):
 
 
 class EpochGate:
-    types = frozenset({"step.report", "heartbeat", "process.exit"})
+    types = frozenset({"step.report", "heartbeat", "process.exit", "pool.unit"})
 
     def __init__(self) -> None:
         self.ranks: dict[str, list[Any]] = {}
+        self.seen: set[str] = set()  # ranks with an admitted report before any binding
         self.stale = 0
 
     def check(self, event: Event) -> Gate:
@@ -45,32 +59,53 @@ class EpochGate:
         kind = type(payload)
         if kind is StepReport or kind is Heartbeat:
             rep: StepReport | Heartbeat = payload  # type: ignore[assignment]
-            return self._see(str(rep.rank), rep.binding_epoch, rep.pid)
+            return self._report(str(rep.rank), rep.binding_epoch, rep.pid)
         if kind is ProcessExit:
             ex: ProcessExit = payload  # type: ignore[assignment]
             if ex.rank is None:
                 return Gate.ADMIT
             rank = str(ex.rank)
             if ex.binding_epoch is not None:
-                return self._see(rank, ex.binding_epoch, None)
+                return self._report(rank, ex.binding_epoch, ex.pid)
             entry = self.ranks.get(rank)
             if entry is not None and ex.pid in entry[2]:
                 self.stale += 1
                 return Gate.STALE
+            return Gate.ADMIT
+        if kind is PoolUnit:
+            unit: PoolUnit = payload  # type: ignore[assignment]
+            if unit.state is UnitState.BOUND and unit.rank is not None \
+                    and unit.epoch is not None:
+                return self.bind(str(unit.rank), unit.epoch, unit.pid)
         return Gate.ADMIT
 
-    def _see(self, rank: str, epoch: int, pid: int | None) -> Gate:
+    def _report(self, rank: str, epoch: int, pid: int | None) -> Gate:
+        entry = self.ranks.get(rank)
+        if entry is None:
+            self.seen.add(rank)
+            return Gate.ADMIT
+        if epoch >= entry[0]:
+            return Gate.ADMIT  # a claim of a newer epoch proves nothing and moves nothing
+        if pid is not None and pid == entry[1] and pid not in entry[2]:
+            return Gate.ADMIT  # the bound replica itself, whatever epoch it claims
+        self.stale += 1
+        return Gate.STALE
+
+    def bind(self, rank: str, epoch: int, pid: int | None) -> Gate:
+        """A verified binding of ``rank`` at ``epoch`` (pid of the replica, when known)."""
         entry = self.ranks.get(rank)
         if entry is None:
             self.ranks[rank] = [epoch, pid, []]
-            return Gate.ADMIT
-        if epoch == entry[0]:
-            if pid is not None and pid != entry[1]:
-                entry[1] = pid
+            if rank in self.seen:  # a replica reported before: this binding is a new one
+                self.seen.discard(rank)
+                return Gate.REBIND
             return Gate.ADMIT
         if epoch < entry[0]:
-            self.stale += 1
-            return Gate.STALE
+            return Gate.ADMIT  # an older binding read late: the newer one stands
+        if epoch == entry[0]:
+            if pid is not None:
+                entry[1] = pid
+            return Gate.ADMIT
         old: list[int] = entry[2]
         if entry[1] is not None and entry[1] != pid and entry[1] not in old:
             old.append(entry[1])
@@ -85,8 +120,9 @@ class EpochGate:
         return None if entry is None else int(entry[0])
 
     def snapshot(self) -> dict[str, Any]:
-        return {"ranks": self.ranks, "stale": self.stale}
+        return {"ranks": self.ranks, "stale": self.stale, "seen": sorted(self.seen)}
 
     def restore(self, doc: dict[str, Any]) -> None:
         self.ranks = {k: [int(v[0]), v[1], list(v[2])] for k, v in doc["ranks"].items()}
         self.stale = int(doc["stale"])
+        self.seen = {str(r) for r in doc.get("seen", [])}

@@ -17,9 +17,11 @@ from trainguard.events.payloads import (
     NodeHealth,
     NodeHealthKind,
     NodeTelemetry,
+    PoolUnit,
     ProcessExit,
     ProcessSample,
     StepReport,
+    UnitState,
 )
 
 SRC = "synth"
@@ -52,6 +54,17 @@ def process_exit(job: str, node: str, rank: int, t: int, exit_code: int | None =
                           binding_epoch=epoch)
     return make_event(payload, event_id=derived_id("synth-exit", job, rank, t), job_id=job,
                       event_time=t, source=SRC, subject=Subject(node=node, rank=rank))
+
+
+def bound(job: str, rank: int, epoch: int, t: int, *, pid: int | None = None,
+          unit: str | None = None) -> Event:
+    """The actuator's ``pool.unit`` ``bound`` event (unsigned here: the engine is fed only
+    verified ones, so tests hand them in directly)."""
+    name = unit or f"u{rank}-e{epoch}"
+    payload = PoolUnit(unit=name, state=UnitState.BOUND, rank=rank, epoch=epoch, pid=pid)
+    return make_event(payload, event_id=derived_id("synth-bound", job, rank, epoch, t),
+                      job_id=job, event_time=t, source=SRC, subject=Subject(unit=name,
+                                                                            rank=rank))
 
 
 def checkpoint(job: str, action: CheckpointAction, step: int, t: int,

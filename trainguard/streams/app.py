@@ -14,6 +14,11 @@ killed mid-run and started again resumes from the changelog and neither misses n
 verdict.
 Windows are the engines' own, in event time (faust's windows close on the wall clock and
 drop late events, which would make live processing and replay disagree).
+Bindings: with ``check`` (``signing.Trust.check`` over the trusted actuator keys) the worker
+also reads the outcomes topic (keyed by job, as many partitions) and feeds the engines the
+``pool.unit`` events whose actuator signature verifies: the only source of binding epochs.
+Records of a signed type that do not verify are dead-lettered with the reason; other outcome
+types are no rule input and are skipped. Without ``check`` no binding is believed at all.
 """
 
 from __future__ import annotations
@@ -28,11 +33,14 @@ import faust
 from aiokafka.partitioner import murmur2
 
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import Check
 from trainguard.bus.dlq import dead_letter, refusal
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode
-from trainguard.events.errors import ContractError
+from trainguard.events.errors import ContractError, FieldError
+from trainguard.events.registry import SIGNED_TYPES
 from trainguard.events.topics import TopicNames, TopicRole
+from trainguard.rules.engine import RULE_INPUTS
 from trainguard.streams.engine import EngineFactory, JobEngine
 from trainguard.streams.state import JobStore, Recorded
 
@@ -62,6 +70,7 @@ def build_app(
     batch_size: int = 1000,
     batch_within_s: float = 0.05,
     commit_interval_s: float = 0.2,
+    check: Check | None = None,
 ) -> faust.App:
     """``partitions``: the task topic's partition count on the broker (the telemetry topic's
     must be the same, see ``cli/streams.py``); the table's changelog gets the same, as faust
@@ -114,8 +123,9 @@ def build_app(
                              rejected_at=now_us(), consumer=consumer)
         await dlq.send(key=message.key, value=letter.encode())
 
-    @app.agent(app.topic(names.name(TopicRole.TASK), names.name(TopicRole.TELEMETRY), **raw),
-               name="evaluate")
+    roles = [TopicRole.TASK, TopicRole.TELEMETRY] + ([TopicRole.OUTCOMES] if check else [])
+
+    @app.agent(app.topic(*[names.name(r) for r in roles], **raw), name="evaluate")
     async def evaluate(stream: Any) -> None:
         # Batches: each job's snapshot is written once per batch, not once per event; the
         # batch's offsets, verdicts and snapshots still commit in one transaction.
@@ -138,6 +148,15 @@ def build_app(
                     event = decode(ev.value)
                 except ContractError as err:
                     await refuse(err, ev.message, "streams.evaluate")
+                    continue
+                if event.type in SIGNED_TYPES:
+                    bad = check(event) if check is not None else "no trusted actuator keys"
+                    if bad is not None:
+                        sig = getattr(event.payload, "signature", None)
+                        await refuse(ContractError([FieldError("payload.signature", sig, bad)]),
+                                     ev.message, "streams.evaluate")
+                        continue
+                if event.type not in RULE_INPUTS:
                     continue
                 try:
                     job = event.job_id
