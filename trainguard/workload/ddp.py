@@ -9,7 +9,7 @@ through the ``StepReporter`` and checkpointing through the ``CheckpointManager``
 Every rank starts by resuming from the newest checkpoint all ranks find valid (a fresh start
 when there is none) and continues at its step + 1 with its data position; ranks run until
 step N. Environment: ``TRAINGUARD_BINDING_EPOCH`` (this replica's binding epoch, default 0),
-``TRAINGUARD_AGENT_SOCKET`` (the node agent's step socket; see ``trainguard.sdk.paths``).
+``TRAINGUARD_AGENT_SOCKET`` (the node agent's step socket; see ``trainguard_sdk.paths``).
 Save on command: SIGUSR1 to any rank, or create ``<ckpt-dir>/SAVE_NOW``.
 
 Exit codes: 0 all steps done; 2 bad arguments or a refused checkpoint directory; 3 a peer was
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s rank {args.rank} %(levelname)s %(name)s: "
                                "%(message)s")
 
-    from trainguard.sdk.checkpoint.location import CheckpointLocationError, durable_directory
+    from trainguard_sdk.checkpoint.location import CheckpointLocationError, durable_directory
 
     try:  # before the rendezvous: a refused directory must not leave peers waiting
         durable_directory(args.ckpt_dir, allow_tmp=args.allow_tmp_ckpt, setting="--ckpt-dir",
@@ -121,14 +121,15 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
 
-    from trainguard.sdk import StepReporter
-    from trainguard.sdk.checkpoint.collective import TorchCollective
-    from trainguard.sdk.checkpoint.manager import (
+    from trainguard_sdk import StepReporter
+    from trainguard_sdk.checkpoint.collective import TorchCollective
+    from trainguard_sdk.checkpoint.manager import (
         CheckpointConfig,
         CheckpointIncompatible,
         CheckpointManager,
     )
-    from trainguard.sdk.checkpoint.store import CorruptFile
+    from trainguard_sdk.checkpoint.store import CorruptFile
+
     from trainguard.workload.data import SampleStream
     from trainguard.workload.model import SmallNet, average_gradients
     from trainguard.workload.progress import ProgressLog
