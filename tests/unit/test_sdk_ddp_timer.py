@@ -63,12 +63,14 @@ def test_a_users_hook_is_wrapped_and_gradients_are_unchanged(group: None) -> Non
 
     plain = DistributedDataParallel(_model())
     plain(torch.ones(4, 8)).sum().backward()
-    hooked = DistributedDataParallel(_model())
-    timer = StepTimer(hooked, hook=mine)
-    _step(hooked, timer)
-    assert calls and timer.stop() is not None
-    for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
-        assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
+    for hook in (mine, None):  # the user's hook, and the timer's own inlined all-reduce
+        hooked = DistributedDataParallel(_model())
+        timer = StepTimer(hooked, hook=hook)
+        _step(hooked, timer)
+        assert timer.stop() is not None
+        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
+    assert calls
 
 
 class FakeEvent:
