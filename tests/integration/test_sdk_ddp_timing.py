@@ -69,16 +69,19 @@ def test_a_throttled_rank_is_the_only_straggler_with_overlap_on(sock_dir: Path) 
     with StepReceiver("node-0", sock_dir / "agent.sock") as rx:
         # as root, ahead of the other suites sharing the machine (less scheduling noise)
         nice = (lambda: os.nice(-15)) if os.geteuid() == 0 else None
-        proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, preexec_fn=nice)
+        log = open(sock_dir / "job.log", "wb")  # noqa: SIM115 - a file: a pipe could fill
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=nice)
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
             items += rx.drain().discrete
             time.sleep(0.05)
         if proc.poll() is None:
             proc.kill()
-        _, err = proc.communicate(timeout=10)
+        proc.wait(timeout=10)
+        log.close()
         items += rx.drain().discrete
-    assert proc.returncode == 0, err.decode(errors="replace")[-3000:]
+    assert proc.returncode == 0, (sock_dir / "job.log").read_text(errors="replace")[-3000:]
 
     reports = [i for i in items if isinstance(i.payload, StepReport)]
     assert {i.subject.rank for i in reports} == set(range(WORLD))
