@@ -17,3 +17,15 @@ def test_every_torch_free_module_imports() -> None:
     for name in names:
         if name not in NEEDS_TORCH:
             importlib.import_module(name)
+
+
+def test_every_module_compiles_on_this_python() -> None:
+    """The torch modules too (they cannot be imported without torch): no syntax newer than
+    the oldest supported Python."""
+    from pathlib import Path
+
+    root = Path(trainguard_sdk.__file__).parent
+    files = sorted(root.rglob("*.py"))
+    assert root / "ddp.py" in files and root / "checkpoint" / "manager.py" in files
+    for path in files:
+        compile(path.read_text(encoding="utf-8"), str(path), "exec")
