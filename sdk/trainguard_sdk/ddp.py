@@ -89,11 +89,14 @@ class StepTimer:
                  hook: Optional[Hook] = None, state: Any = None,
                  cuda: Optional[bool] = None) -> None:
         """Register the timing hook on ``ddp``. ``hook``/``state``: your own communication
-        hook and its state (default: DDP's all-reduce on the default group, which divides by
-        the world size as DDP does without a hook). ``cuda``: time with CUDA events (default:
+        hook and its state (default: DDP's all-reduce over DDP's process group, divided by
+        that group's size, as DDP does without a hook). ``cuda``: time with CUDA events (default:
         when the module's parameters are on a CUDA device)."""
         self._inner: Hook = hook if hook is not None else default_hooks.allreduce_hook
-        self._inner_state = state
+        self._own = hook is None  # DDP's all-reduce, over DDP's own process group
+        # the default hook's state is the process group: DDP's (a data-parallel group in a
+        # 3D layout), not the default group
+        self._inner_state = getattr(ddp, "process_group", None) if self._own else state
         if cuda is None:
             param = next(iter(ddp.module.parameters()), None)
             cuda = param is not None and param.is_cuda
@@ -176,18 +179,18 @@ class StepTimer:
             m.first = t
         m.last = t
         m.buckets += 1
-        if self._inner is default_hooks.allreduce_hook and self._inner_state is None:
+        if self._own:
             # DDP's own all-reduce, inlined: one completion callback instead of two
             buf = bucket.buffer()
             buf.div_(self._world())
-            work = dist.all_reduce(buf, async_op=True)
+            work = dist.all_reduce(buf, group=self._inner_state, async_op=True)
             return work.get_future().then(self._done_cpu_first)
         return self._inner(self._inner_state, bucket).then(self._done_cpu)
 
     def _world(self) -> int:
         world = self._world_size
         if world is None:
-            world = self._world_size = dist.get_world_size()
+            world = self._world_size = dist.get_world_size(self._inner_state)
         return world
 
     def _done_cpu_first(self, fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:

@@ -115,3 +115,21 @@ def test_cuda_figures_come_one_step_late_and_never_wait(
     _step(ddp, timer)
     t = timer.stop()
     assert t is not None and t.index == 2
+
+
+def test_the_exchange_runs_over_ddps_own_process_group(
+        group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = dist.new_group([0])  # a data-parallel group, as in a 3D layout
+    seen: list[Any] = []
+    real = dist.all_reduce
+
+    def spy(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("group"))
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", spy)
+    ddp = DistributedDataParallel(_model(), process_group=sub)
+    timer = StepTimer(ddp)
+    _step(ddp, timer)
+    assert timer.stop() is not None
+    assert seen and all(g is sub for g in seen)
