@@ -5,5 +5,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends iproute2 nftabl
 WORKDIR /opt/trainguard
 COPY pyproject.toml README.md ./
 COPY trainguard ./trainguard
-RUN pip install --no-cache-dir .
+COPY sdk ./sdk
+# The service depends on trainguard-sdk (the agent decodes its wire format): from ./sdk.
+RUN pip install --no-cache-dir ./sdk .
 ENTRYPOINT ["trainguard"]

@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-
-from trainguard.sdk.checkpoint import manifest as mf
-from trainguard.sdk.checkpoint.manager import CheckpointConfig, CheckpointManager
+from trainguard_sdk.checkpoint import manifest as mf
+from trainguard_sdk.checkpoint.manager import CheckpointConfig, CheckpointManager
 
 CHUNK = 8 << 20
 

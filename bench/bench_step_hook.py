@@ -30,8 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import orjson
-
-from trainguard.sdk import StepReporter, wire
+from trainguard_sdk import StepReporter, wire
 
 SMALL_BATCH = 8
 SMALL_BATCHES = 10_000

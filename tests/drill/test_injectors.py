@@ -18,6 +18,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from trainguard_sdk.checkpoint import manifest as mf
+from trainguard_sdk.checkpoint.store import CheckpointStore, Invalid, Valid
 
 from trainguard.drills.injectors.base import InjectionError
 from trainguard.drills.injectors.checkpoint import CorruptNewest, corrupt_bytes
@@ -27,8 +29,6 @@ from trainguard.drills.injectors.slowdown import CgroupThrottle
 from trainguard.drills.injectors.storage import FsFreeze, LoopFs, ReadOnly, is_mounted
 from trainguard.netlab import ToxiproxyServer, VethLab, ensure_toxiproxy_server
 from trainguard.netlab.faults import wait_operstate
-from trainguard.sdk.checkpoint import manifest as mf
-from trainguard.sdk.checkpoint.store import CheckpointStore, Invalid, Valid
 
 SPIN = "import time\nwhile True:\n    sum(range(20000))\n"
 

@@ -14,16 +14,15 @@ from typing import Any
 
 import pytest
 import torch
-
-from trainguard.sdk.checkpoint.location import CheckpointLocationError
-from trainguard.sdk.checkpoint.manager import (
+from trainguard_sdk.checkpoint.location import CheckpointLocationError
+from trainguard_sdk.checkpoint.manager import (
     STATE_FILE,
     CheckpointConfig,
     CheckpointIncompatible,
     CheckpointManager,
     rank_file,
 )
-from trainguard.sdk.checkpoint.store import Valid
+from trainguard_sdk.checkpoint.store import Valid
 
 
 @dataclass

@@ -8,8 +8,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from trainguard.sdk.checkpoint import manifest as mf
+from trainguard_sdk.checkpoint import manifest as mf
 
 NAMES = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,20}", fullmatch=True).filter(
     lambda n: n != mf.MANIFEST_NAME)

@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from trainguard_sdk import ENV_SOCKET, StepReporter, default_socket_path, wire
 
 from trainguard.collectors.base import Discrete
 from trainguard.collectors.steps import StepReceiver
 from trainguard.events.payloads import Heartbeat, StepReport
-from trainguard.sdk import ENV_SOCKET, StepReporter, default_socket_path, wire
 
 
 @pytest.fixture
@@ -243,7 +243,7 @@ def test_hot_path_bytes_equal_the_reference_encoder(sock_dir: Path) -> None:
 
 def test_heartbeat_thread_does_not_keep_the_process_alive(sock_dir: Path) -> None:
     code = textwrap.dedent(f"""
-        from trainguard.sdk import StepReporter
+        from trainguard_sdk import StepReporter
         tg = StepReporter("job-1", 0, 1, socket_path={str(sock_dir / "a.sock")!r},
                           heartbeat_interval_s=0.01)
         tg.step(1, 1, 1.0)

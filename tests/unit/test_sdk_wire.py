@@ -3,6 +3,7 @@ anything but WireError."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import typing
@@ -12,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
+from trainguard_sdk import wire
 
 from trainguard.events.envelope import JobId
 from trainguard.events.payloads import Heartbeat
-from trainguard.sdk import wire
 
 U32 = st.integers(0, wire.U32_MAX)
 U64 = st.integers(0, wire.U64_MAX)
@@ -40,7 +41,7 @@ heartbeat_frames = st.builds(
 def bits(frame: wire.Frame) -> tuple[Any, ...]:
     """The frame's fields with floats as their IEEE bytes: NaN payloads and -0.0 compare."""
     return tuple(struct.pack("<d", v) if isinstance(v, float) else v
-                 for v in (getattr(frame, f) for f in type(frame).__slots__))
+                 for v in (getattr(frame, f.name) for f in dataclasses.fields(frame)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -68,7 +69,7 @@ def test_nan_and_infinities_survive() -> None:
 
 
 def _fields(frame: wire.Frame) -> dict[str, Any]:
-    return {f: getattr(frame, f) for f in type(frame).__slots__}
+    return {f.name: getattr(frame, f.name) for f in dataclasses.fields(frame)}
 
 
 def _valid_header(kind: int, body: bytes) -> bytes:

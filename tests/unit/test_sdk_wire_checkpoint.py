@@ -8,9 +8,9 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trainguard_sdk import wire
 
 from trainguard.events.payloads import CheckpointAction
-from trainguard.sdk import wire
 
 U64 = st.integers(0, wire.U64_MAX)
 JOB = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}", fullmatch=True)

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trainguard_sdk import StepReporter, wire
 
 from trainguard.collectors.steps import StepReceiver
 from trainguard.events.codec import decode, encode, make_event
 from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepReport
-from trainguard.sdk import StepReporter, wire
 
 
 @pytest.fixture

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trainguard_sdk import StepReporter, wire
 
 from trainguard.collectors.base import Collector, Discrete
 from trainguard.collectors.steps import StepReceiver
 from trainguard.events.codec import decode, encode, make_event
 from trainguard.events.payloads import Heartbeat, StepReport
-from trainguard.sdk import StepReporter, wire
 
 
 @pytest.fixture

@@ -46,15 +46,22 @@ def test_a_tmp_checkpoint_dir_is_refused_naming_the_flags(
 
 
 @pytest.mark.parametrize(("argv", "env", "needle"), [
-    (["--rank", "2", "--world-size", "2"], "", "--rank 2"),
-    (["--rank", "0", "--world-size", "1", "--steps", "0"], "", "--steps"),
-    (["--rank", "0", "--world-size", "1"], "minus-one", "TRAINGUARD_BINDING_EPOCH"),
+    (["--rank", "2", "--world-size", "2"], {}, "--rank 2"),
+    (["--rank", "0", "--world-size", "1", "--steps", "0"], {}, "--steps"),
+    (["--rank", "0", "--world-size", "1"], {ddp.ENV_BINDING_EPOCH: "minus-one"},
+     "TRAINGUARD_BINDING_EPOCH"),
+    (["--rank", "0"], {}, "--rank and --world-size"),
+    # no --rank: the launcher's (torchrun's) identity, checked the same way
+    ([], {"RANK": "3", "WORLD_SIZE": "2"}, "RANK: 3 is not in 0..1"),
+    ([], {"SLURM_PROCID": "x", "SLURM_NTASKS": "2"}, "SLURM_PROCID='x'"),
 ])
-def test_bad_arguments_exit_2_naming_the_field(argv: list[str], env: str, needle: str,
-                                               monkeypatch: pytest.MonkeyPatch,
+def test_bad_arguments_exit_2_naming_the_field(argv: list[str], env: dict[str, str],
+                                               needle: str, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
-    if env:
-        monkeypatch.setenv(ddp.ENV_BINDING_EPOCH, env)
+    for var in ("TRAINGUARD_RANK", "RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
     base = ["--job-id", "j", "--master-port", "1", "--ckpt-dir", "/x", "--steps", "1"]
     with pytest.raises(SystemExit) as info:
         ddp.main(base + argv)

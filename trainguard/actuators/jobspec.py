@@ -204,7 +204,7 @@ def _unit(doc: Any, i: int, where: str) -> UnitSpec:
 # ~900 modules) lazily on construction: ~4 s of CPU per rank per start unless preloaded.
 DDP_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
                "trainguard.workload.model", "trainguard.workload.data",
-               "trainguard.sdk.checkpoint.manager")
+               "trainguard_sdk.checkpoint.manager", "trainguard_sdk.ddp")
 
 
 def ddp_job_doc(job_id: str, *, world_size: int, spares: int, ckpt_dir: Path, node: str,

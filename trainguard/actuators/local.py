@@ -7,7 +7,8 @@ still run (without a cgroup) and ``set_quota`` fails naming why.
 
 Each rank runs in its own session (so fencing signals its whole process group and an actuator
 that dies does not take the job with it), with ``TRAINGUARD_JOB_ID``, ``TRAINGUARD_RANK``,
-``TRAINGUARD_BINDING_EPOCH`` and ``TRAINGUARD_UNIT`` in its environment.
+``TRAINGUARD_WORLD_SIZE``, ``TRAINGUARD_BINDING_EPOCH`` and ``TRAINGUARD_UNIT`` in its
+environment (what ``trainguard_sdk.identity_from_env`` reads).
 
 Every rank is written to the replica journal (``journal.py``; default
 ``<log_dir>/replicas.journal``) before it may run: a cold rank starts as a tiny gate
@@ -80,7 +81,8 @@ class LocalBackend:
             argv[0] = sys.executable
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SECRET_ENV)}
         env = {**inherited, **job.env, "TRAINGUARD_JOB_ID": job.job_id,
-               "TRAINGUARD_RANK": str(rank), "TRAINGUARD_BINDING_EPOCH": str(epoch),
+               "TRAINGUARD_RANK": str(rank), "TRAINGUARD_WORLD_SIZE": str(job.world_size),
+               "TRAINGUARD_BINDING_EPOCH": str(epoch),
                "TRAINGUARD_UNIT": unit.name}
         logs = job.log_dir or self.log_dir
         logs.mkdir(parents=True, exist_ok=True)

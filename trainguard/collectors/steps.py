@@ -1,7 +1,7 @@
 """The agent's end of the step socket: step reports and heartbeats from the trainer ranks.
 
-``StepReceiver`` binds the Unix datagram socket the SDK sends to (``trainguard.sdk``; format
-in ``trainguard/sdk/wire.py``). It creates the socket's directory (``dir_mode``, 0o755 by
+``StepReceiver`` binds the Unix datagram socket the SDK sends to (``trainguard_sdk``; format
+in ``sdk/trainguard_sdk/wire.py``). It creates the socket's directory (``dir_mode``, 0o755 by
 default; an existing directory is left as it is), removes a stale socket file (one nobody is
 bound to: a probe connect is refused) but refuses to take over a live one or to delete a file
 that is not a socket, and sets the socket's mode (0o660 by default: trainers must be the
@@ -44,12 +44,12 @@ from types import TracebackType
 from typing import Final
 
 from pydantic import ValidationError
+from trainguard_sdk import wire
+from trainguard_sdk.paths import default_socket_path
 
 from trainguard.collectors.base import Discrete, Reading
 from trainguard.events.envelope import Subject
 from trainguard.events.payloads import CheckpointAction, CheckpointEvent, Heartbeat, StepReport
-from trainguard.sdk import wire
-from trainguard.sdk.paths import default_socket_path
 
 log = logging.getLogger(__name__)
 

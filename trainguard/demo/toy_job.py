@@ -20,7 +20,7 @@ import sys
 import time
 from multiprocessing.connection import Client, Connection, Listener
 
-from trainguard.sdk import StepReporter
+from trainguard_sdk import StepReporter
 
 FEATURES = 24
 BATCH = 1024

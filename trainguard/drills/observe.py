@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard_sdk.checkpoint.store import QUARANTINE, STEP_DIR_RE, CheckpointStore, Valid
+
 from trainguard.drills.evidence.model import Artifacts, CheckpointFile
-from trainguard.sdk.checkpoint.store import QUARANTINE, STEP_DIR_RE, CheckpointStore, Valid
 
 _TMP_RE = re.compile(r"^\..*\.tmp-")
 

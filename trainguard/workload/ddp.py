@@ -6,10 +6,18 @@ through the ``StepReporter`` and checkpointing through the ``CheckpointManager``
         --master-addr 127.0.0.1 --master-port P --ckpt-dir D [--allow-tmp-ckpt] \\
         --steps N --ckpt-every K --keep K --seed S [--step-ms FLOOR] [--progress-file F]
 
+    torchrun --nproc-per-node 4 --rdzv-id J -m trainguard.workload.ddp --ckpt-dir D --steps N
+
+Identity: ``--job-id``, ``--rank`` and ``--world-size`` when given, else from the launcher
+(``trainguard_sdk.identity_from_env``: trainguard's actuator, torchrun, Slurm). Without
+``--master-port`` the ranks join through ``env://`` (torchrun's ``MASTER_ADDR`` /
+``MASTER_PORT`` and its store); with it, rank 0 hosts the store.
+
 Every rank starts by resuming from the newest checkpoint all ranks find valid (a fresh start
 when there is none) and continues at its step + 1 with its data position; ranks run until
-step N. Environment: ``TRAINGUARD_BINDING_EPOCH`` (this replica's binding epoch, default 0),
-``TRAINGUARD_AGENT_SOCKET`` (the node agent's step socket; see ``trainguard.sdk.paths``).
+step N. Environment: ``TRAINGUARD_BINDING_EPOCH`` (this replica's binding epoch; else the
+launcher's restart count, see ``trainguard_sdk.identity``),
+``TRAINGUARD_AGENT_SOCKET`` (the node agent's step socket; see ``trainguard_sdk.paths``).
 Save on command: SIGUSR1 to any rank, or create ``<ckpt-dir>/SAVE_NOW``.
 
 Exit codes: 0 all steps done; 2 bad arguments or a refused checkpoint directory; 3 a peer was
@@ -44,11 +52,12 @@ log = logging.getLogger("trainguard.workload.ddp")
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m trainguard.workload.ddp",
                                  description="One rank of the reference PyTorch DDP job.")
-    ap.add_argument("--job-id", required=True)
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--world-size", type=int, required=True)
+    ap.add_argument("--job-id", default=None, help="default: from the launcher's environment")
+    ap.add_argument("--rank", type=int, default=None, help="default: from the launcher")
+    ap.add_argument("--world-size", type=int, default=None, help="default: from the launcher")
     ap.add_argument("--master-addr", default="127.0.0.1")
-    ap.add_argument("--master-port", type=int, required=True)
+    ap.add_argument("--master-port", type=int, default=None,
+                    help="rank 0 hosts the store here (default: env://, e.g. under torchrun)")
     ap.add_argument("--ckpt-dir", required=True, help="durable checkpoint directory, shared")
     ap.add_argument("--allow-tmp-ckpt", action="store_true",
                     help="allow a checkpoint directory under /tmp or on tmpfs")
@@ -71,8 +80,19 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    if args.world_size < 1 or not 0 <= args.rank < args.world_size:
+    """Check the arguments and take the identity; the binding epoch."""
+    from trainguard_sdk import IdentityError, identity_from_env
+
+    if (args.rank is None) != (args.world_size is None):
+        ap.error("--rank and --world-size: give both or neither (neither: from the launcher)")
+    if args.rank is not None and (args.world_size < 1 or not 0 <= args.rank < args.world_size):
         ap.error(f"--rank {args.rank}: must be in 0..--world-size-1 ({args.world_size})")
+    try:
+        ident = identity_from_env(os.environ, job_id=args.job_id, rank=args.rank,
+                                  world_size=args.world_size)
+    except IdentityError as exc:
+        ap.error(str(exc))
+    args.job_id, args.rank, args.world_size = ident.job_id, ident.rank, ident.world_size
     for name in ("steps", "batch", "hidden"):
         if getattr(args, name) < 1:
             ap.error(f"--{name}: >= 1, got {getattr(args, name)}")
@@ -80,14 +100,7 @@ def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         ap.error("--ckpt-every >= 0 and --keep >= 1")
     if not args.timeout_s > 0 or not args.rendezvous_timeout_s > 0 or args.step_ms < 0:
         ap.error("--timeout-s > 0, --rendezvous-timeout-s > 0 and --step-ms >= 0")
-    raw = os.environ.get(ENV_BINDING_EPOCH, "") or "0"
-    try:
-        epoch = int(raw)
-        if epoch < 0:
-            raise ValueError
-    except ValueError:
-        ap.error(f"{ENV_BINDING_EPOCH}={raw!r}: a non-negative integer")
-    return epoch
+    return ident.binding_epoch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s rank {args.rank} %(levelname)s %(name)s: "
                                "%(message)s")
 
-    from trainguard.sdk.checkpoint.location import CheckpointLocationError, durable_directory
+    from trainguard_sdk.checkpoint.location import CheckpointLocationError, durable_directory
 
     try:  # before the rendezvous: a refused directory must not leave peers waiting
         durable_directory(args.ckpt_dir, allow_tmp=args.allow_tmp_ckpt, setting="--ckpt-dir",
@@ -121,16 +134,18 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     if threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
 
-    from trainguard.sdk import StepReporter
-    from trainguard.sdk.checkpoint.collective import TorchCollective
-    from trainguard.sdk.checkpoint.manager import (
+    from trainguard_sdk import StepReporter
+    from trainguard_sdk.checkpoint.collective import TorchCollective
+    from trainguard_sdk.checkpoint.manager import (
         CheckpointConfig,
         CheckpointIncompatible,
         CheckpointManager,
     )
-    from trainguard.sdk.checkpoint.store import CorruptFile
+    from trainguard_sdk.checkpoint.store import CorruptFile
+    from trainguard_sdk.ddp import StepTimer
+
     from trainguard.workload.data import SampleStream
-    from trainguard.workload.model import SmallNet, average_gradients
+    from trainguard.workload.model import SmallNet
     from trainguard.workload.progress import ProgressLog
 
     rank, world = args.rank, args.world_size
@@ -159,13 +174,18 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     # before joining, so that peers never wait on it inside a timed collective.
     importlib.import_module("torch._dynamo")
     try:
-        # Every rank is connected once the store is up (rank 0 waits for all, up to the
-        # rendezvous timeout); from then on, collectives are bounded by --timeout-s.
-        store = dist.TCPStore(  # type: ignore[attr-defined]  # public; stubs do not re-export
-            args.master_addr, args.master_port, world, is_master=rank == 0,
-            timeout=timedelta(seconds=args.rendezvous_timeout_s), wait_for_workers=True)
-        dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
-                                world_size=world, timeout=timedelta(seconds=args.timeout_s))
+        if args.master_port is None:  # the launcher's rendezvous (torchrun: its own store)
+            dist.init_process_group("nccl" if cuda else "gloo", init_method="env://",
+                                    rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=args.timeout_s))
+        else:
+            # Every rank is connected once the store is up (rank 0 waits for all, up to the
+            # rendezvous timeout); from then on, collectives are bounded by --timeout-s.
+            store = dist.TCPStore(  # type: ignore[attr-defined]  # public; stubs: no re-export
+                args.master_addr, args.master_port, world, is_master=rank == 0,
+                timeout=timedelta(seconds=args.rendezvous_timeout_s), wait_for_workers=True)
+            dist.init_process_group("nccl" if cuda else "gloo", store=store, rank=rank,
+                                    world_size=world, timeout=timedelta(seconds=args.timeout_s))
     except Exception as exc:  # rendezvous timeout, refused connection, port in use
         leave(EXIT_PEER_LOST, f"cannot join the job: {exc}")
     config = CheckpointConfig(Path(args.ckpt_dir), every_steps=args.ckpt_every, keep=args.keep,
@@ -191,6 +211,10 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
                    samples_consumed=position,
                    checkpoint=str(restored.path) if restored else None)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    # This rank's own compute, with DDP's overlap of backward and gradient exchange kept: the
+    # timer's communication hook notes when this rank's last gradient bucket became ready
+    # (compute ends there; the wait for the slowest peer is comm, not compute).
+    timer = StepTimer(ddp)
     loss_fn = torch.nn.CrossEntropyLoss()
     global_batch = args.batch * world
     while step < args.steps:
@@ -200,27 +224,25 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
         x, y = x.to(device), y.to(device)
         t1 = time.perf_counter()
         try:
+            timer.start()
             optimizer.zero_grad(set_to_none=True)
-            # This rank's own gradient compute, timed apart from the exchange: inside DDP's
-            # overlapped backward a fast rank's time would include waiting for the slowest,
-            # and every rank would look as slow as the straggler.
-            with ddp.no_sync():
-                loss = loss_fn(ddp(x), y)
-                loss.backward()
-            t2 = time.perf_counter()
-            average_gradients(model, world)  # fails or times out when a peer is lost
-            t3 = time.perf_counter()
+            loss = loss_fn(ddp(x), y)
+            loss.backward()  # the gradient exchange: fails or times out when a peer is lost
             optimizer.step()
             loss_value = float(loss.item())
         except RuntimeError as exc:
             leave(EXIT_PEER_LOST, f"lost a peer at step {step + 1}: {exc}")
+        timing = timer.stop()  # on CUDA the previous step's figures (None at first)
+        t2 = time.perf_counter()
         step += 1
         position += global_batch
         floor_s = args.step_ms / 1000 - (time.perf_counter() - t0)
         if floor_s > 0:
             time.sleep(floor_s)
-        reporter.step(step, position, compute_ms=(t2 - t1) * 1000,
-                      comm_ms=(t3 - t2) * 1000, data_wait_ms=(t1 - t0) * 1000,
+        reporter.step(step, position,
+                      compute_ms=timing.compute_ms if timing else (t2 - t1) * 1000,
+                      comm_ms=timing.comm_ms if timing else None,
+                      data_wait_ms=(t1 - t0) * 1000,
                       step_ms=(time.perf_counter() - t0) * 1000, loss=loss_value)
         progress.write("step", step=step, samples_consumed=position,
                        data_epoch=stream.epoch_of(position - 1), loss=loss_value)

@@ -18,19 +18,3 @@ class SmallNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.net(x)
         return out
-
-
-def average_gradients(model: nn.Module, world_size: int) -> None:
-    """The data-parallel gradient exchange: every gradient summed over the ranks (one
-    all-reduce of the flattened gradients), then divided by the world size."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    if not grads:
-        return
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    torch.distributed.all_reduce(flat)
-    flat /= world_size
-    offset = 0
-    for g in grads:
-        n = g.numel()
-        g.copy_(flat[offset:offset + n].view_as(g))
-        offset += n

@@ -8,9 +8,10 @@ import hashlib
 import os
 from pathlib import Path
 
+from trainguard_sdk.checkpoint.manifest import MANIFEST_NAME
+from trainguard_sdk.checkpoint.store import STEP_DIR_RE
+
 from trainguard.drills.injectors.base import Acted, InjectionError
-from trainguard.sdk.checkpoint.manifest import MANIFEST_NAME
-from trainguard.sdk.checkpoint.store import STEP_DIR_RE
 
 
 def newest_committed(root: Path) -> tuple[int, Path] | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.sdk.checkpoint.location import CheckpointLocationError, durable_directory
+from trainguard_sdk.checkpoint.location import CheckpointLocationError, durable_directory
 
 
 @pytest.mark.parametrize("where", ["/tmp/tg-ckpt-x", "/var/tmp/tg-ckpt-x", "/dev/shm/tg-x",

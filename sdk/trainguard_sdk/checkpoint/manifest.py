@@ -34,13 +34,13 @@ class ManifestError(ValueError):
         self.field = field_name
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class FileEntry:
     sha256: str
     size: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Manifest:
     job_id: str
     step: int

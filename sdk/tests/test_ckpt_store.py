@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.sdk.checkpoint import manifest as mf
-from trainguard.sdk.checkpoint.atomic import atomic_write_bytes
-from trainguard.sdk.checkpoint.store import CheckpointStore, CorruptFile, Invalid, Valid
+from trainguard_sdk.checkpoint import manifest as mf
+from trainguard_sdk.checkpoint.atomic import atomic_write_bytes
+from trainguard_sdk.checkpoint.store import CheckpointStore, CorruptFile, Invalid, Valid
 
 
 def _save(store: CheckpointStore, step: int, payload: bytes = b"x" * 1000) -> Valid:
@@ -108,8 +108,8 @@ def test_the_step_hook_and_the_torch_free_modules_do_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, trainguard.sdk, trainguard.sdk.checkpoint.store, "
-            "trainguard.sdk.checkpoint.rng, trainguard.sdk.checkpoint.collective, "
-            "trainguard.sdk.checkpoint.location; "
+    code = ("import sys, trainguard_sdk, trainguard_sdk.checkpoint.store, "
+            "trainguard_sdk.checkpoint.rng, trainguard_sdk.checkpoint.collective, "
+            "trainguard_sdk.checkpoint.location; "
             "sys.exit(3 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -22,14 +22,14 @@ and checkpoints. It shows the *process* is alive; progress is the step number. T
 keeps the process alive, and stops on ``close()``, which also sends a last "idle" heartbeat.
 
 ``checkpoint()`` sends one checkpoint record (written, verified, corrupt, loaded) for the
-agent to publish as a ``checkpoint`` event; ``trainguard.sdk.checkpoint`` calls it.
+agent to publish as a ``checkpoint`` event; ``trainguard_sdk.checkpoint`` calls it.
 
 Pass plain numbers: a tensor would be converted with ``float()``, which synchronises the
 device (``loss.item()`` costs the same, but visibly). ``step()`` is not thread-safe against
 itself: call it from the training loop's thread. After ``fork`` the child reports its own pid,
 runs no heartbeat thread and sends no "idle" on close.
 
-The socket path: ``socket_path``, else ``trainguard.sdk.paths.default_socket_path()``
+The socket path: ``socket_path``, else ``trainguard_sdk.paths.default_socket_path()``
 (``$TRAINGUARD_AGENT_SOCKET``, else ``/run/trainguard/agent.sock``, ...).
 """
 
@@ -45,9 +45,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final
 
-from trainguard.sdk import wire
-from trainguard.sdk.link import Link
-from trainguard.sdk.paths import default_socket_path
+from trainguard_sdk import wire
+from trainguard_sdk.link import Link
+from trainguard_sdk.paths import default_socket_path
 
 _time_ns = time.time_ns
 _PACK_VAR = wire.STEP_VAR.pack_into

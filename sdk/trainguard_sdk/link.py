@@ -19,7 +19,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from trainguard.sdk.wire import Bytes
+from trainguard_sdk.wire import Bytes
 
 _KEEP = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS, errno.EINTR})
 PAUSE_S = 200e-6

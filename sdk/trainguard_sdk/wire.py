@@ -98,7 +98,7 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, Union
 
 MAGIC: Final = b"TG"
 VERSION: Final = 1
@@ -163,7 +163,7 @@ CHECKPOINT_ACTION_INDEX: Final[dict[str, int]] = {
     a: i for i, a in enumerate(CHECKPOINT_ACTIONS)}
 _SHA256_RE: Final = re.compile(r"^[0-9a-f]{64}$")
 
-Bytes = bytes | bytearray | memoryview
+Bytes = Union[bytes, bytearray, memoryview]
 
 
 class WireError(ValueError):
@@ -174,7 +174,7 @@ class WireError(ValueError):
         self.kind = kind
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class StepFrame:
     job_id: str
     event_time: int
@@ -195,7 +195,7 @@ class StepFrame:
     loss: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class HeartbeatFrame:
     job_id: str
     event_time: int
@@ -206,7 +206,7 @@ class HeartbeatFrame:
     pid: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class CheckpointFrame:
     job_id: str
     event_time: int
@@ -223,7 +223,7 @@ class CheckpointFrame:
     pid: int | None = None
 
 
-Frame = StepFrame | HeartbeatFrame | CheckpointFrame
+Frame = Union[StepFrame, HeartbeatFrame, CheckpointFrame]
 
 
 def check_job_id(job_id: str) -> bytes:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainguard.sdk.checkpoint import atomic
-from trainguard.sdk.checkpoint.atomic import atomic_write, atomic_write_bytes, file_digest
+from trainguard_sdk.checkpoint import atomic
+from trainguard_sdk.checkpoint.atomic import atomic_write, atomic_write_bytes, file_digest
 
 
 def test_writes_content_and_reports_its_digest(tmp_path: Path) -> None:

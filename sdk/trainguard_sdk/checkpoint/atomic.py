@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
-from trainguard.sdk.wire import Bytes
+from trainguard_sdk.wire import Bytes
 
 READ_CHUNK: Final = 4 << 20
 SYNC_EVERY: Final = 8 << 20  # start writing back every 8 MiB (0: only the final fsync)
 PARALLEL_HASH_MIN: Final = 1 << 20  # hash pieces this large on a helper thread
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class WrittenFile:
     path: Path
     sha256: str

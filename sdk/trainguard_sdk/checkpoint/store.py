@@ -23,23 +23,23 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, Union
 
-from trainguard.sdk.checkpoint import manifest as mf
-from trainguard.sdk.checkpoint.atomic import atomic_write_bytes, file_digest, fsync_dir
+from trainguard_sdk.checkpoint import manifest as mf
+from trainguard_sdk.checkpoint.atomic import atomic_write_bytes, file_digest, fsync_dir
 
 STEP_DIR_RE: Final = re.compile(r"^step-(\d{12})$")
 QUARANTINE: Final = "quarantine"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Valid:
     path: Path
     manifest: mf.Manifest
     manifest_sha256: str  # of MANIFEST.json's bytes: the checkpoint's identity in events
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Invalid:
     path: Path
     step: int
@@ -48,7 +48,7 @@ class Invalid:
     samples_consumed: int = 0  # from the manifest when it could be read, else 0
 
 
-Verification = Valid | Invalid
+Verification = Union[Valid, Invalid]
 
 
 class CorruptFile(ValueError):

@@ -54,12 +54,12 @@ from typing import IO, Any, Final, Protocol, cast
 
 import torch
 
-from trainguard.sdk.checkpoint import manifest as mf
-from trainguard.sdk.checkpoint import rng
-from trainguard.sdk.checkpoint.atomic import atomic_write, atomic_write_bytes, fsync_dir
-from trainguard.sdk.checkpoint.collective import Collective, Solo
-from trainguard.sdk.checkpoint.location import durable_directory
-from trainguard.sdk.checkpoint.store import CheckpointStore, CorruptFile, Invalid, Valid
+from trainguard_sdk.checkpoint import manifest as mf
+from trainguard_sdk.checkpoint import rng
+from trainguard_sdk.checkpoint.atomic import atomic_write, atomic_write_bytes, fsync_dir
+from trainguard_sdk.checkpoint.collective import Collective, Solo
+from trainguard_sdk.checkpoint.location import durable_directory
+from trainguard_sdk.checkpoint.store import CheckpointStore, CorruptFile, Invalid, Valid
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,235 @@
+"""Who this process is in the job, from the launcher's environment: a pure function from an
+environment mapping to a typed ``Identity``.
+
+    ident = identity_from_env(os.environ, layout=Layout(tp=2, pp=2))
+    reporter = ident.reporter()
+
+Launchers, in precedence order (the first whose variables are present gives rank, world size,
+local rank and node rank, all four from the same launcher; they are never mixed):
+
+1. explicit arguments (``rank=``, ``world_size=`` ...): what the script was told on its command
+   line;
+2. trainguard's actuator: ``TRAINGUARD_RANK`` (with ``TRAINGUARD_WORLD_SIZE``, else
+   ``WORLD_SIZE``, else ``SLURM_NTASKS``): the actuator binds ranks to units, so it wins;
+3. torchrun / TorchElastic: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``: set per
+   worker, so more specific than Slurm's task under which torchrun itself may run;
+4. Slurm: ``SLURM_PROCID``, ``SLURM_NTASKS`` (else ``SLURM_NPROCS``), ``SLURM_LOCALID``,
+   ``SLURM_NODEID``;
+5. none: a single process, rank 0 of 1.
+
+The job id (stable across restarts, so a restarted job is the same job):
+``job_id=`` > ``TRAINGUARD_JOB_ID`` > ``TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv-id``; its
+default "none" does not count) > ``SLURM_JOB_ID``; none of them is an error.
+
+The binding epoch (grows on every restart, so reports of a replaced replica are told apart):
+``binding_epoch=`` > ``TRAINGUARD_BINDING_EPOCH`` (the actuator's, verbatim) > a composite of
+the launchers' restart counters, each saturating at its field's maximum::
+
+    epoch = SLURM_RESTART_COUNT * 2**20     (requeues, 0..4095)
+          + SLURM_STEP_ID * 2**10           (a new srun in the allocation, 0..1023; the
+                                             batch/extern/interactive steps count as 0)
+          + TORCHELASTIC_RESTART_COUNT      (torchrun's worker-group restarts, 0..1023)
+
+so plain torchrun gives 0, 1, 2 ... and torchrun under srun keeps growing when Slurm starts a
+new step or requeues the job (where torchrun's own counter starts again at 0).
+
+The parallel layout is given once (``Layout(tp=, pp=)``; dp is what remains of the world):
+ranks are ordered tp fastest, then dp, then pp (Megatron-LM's default order), so
+``tp_rank = rank % tp``, ``dp_rank = (rank // tp) % dp``, ``pp_stage = rank // (tp * dp)``.
+
+Bad values raise ``IdentityError`` (a ``ValueError``) with one line naming the variable and
+its value. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from trainguard_sdk import wire
+
+ENV_JOB_ID: Final = "TRAINGUARD_JOB_ID"
+ENV_RANK: Final = "TRAINGUARD_RANK"
+ENV_WORLD_SIZE: Final = "TRAINGUARD_WORLD_SIZE"
+ENV_BINDING_EPOCH: Final = "TRAINGUARD_BINDING_EPOCH"
+UNSET_RUN_ID: Final = "none"  # torchrun's --rdzv-id default
+REQUEUE_SHIFT: Final = 20
+STEP_SHIFT: Final = 10
+REQUEUE_MAX: Final = (1 << (32 - REQUEUE_SHIFT)) - 1
+STEP_MAX: Final = (1 << (REQUEUE_SHIFT - STEP_SHIFT)) - 1
+ELASTIC_MAX: Final = (1 << STEP_SHIFT) - 1
+SLURM_SPECIAL_STEP: Final = 0xFFFFFFF0  # batch, extern, interactive ... steps lie above
+
+LAUNCHERS: Final = ("explicit", "trainguard", "torchelastic", "slurm", "single")
+
+
+class IdentityError(ValueError):
+    """An identity that cannot be taken from the environment; one line naming the variable."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parallel layout: tensor- and pipeline-parallel sizes; data-parallel is the rest."""
+
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise IdentityError(f"Layout.{name}: an int >= 1, got {value!r}")
+
+    def dp(self, world_size: int) -> int:
+        per = self.tp * self.pp
+        if world_size % per:
+            raise IdentityError(f"Layout(tp={self.tp}, pp={self.pp}): world size {world_size} "
+                                f"is not a multiple of tp*pp = {per}")
+        return world_size // per
+
+    def coordinates(self, rank: int, world_size: int) -> tuple[int, int, int]:
+        """(dp_rank, pp_stage, tp_rank) of ``rank``."""
+        dp = self.dp(world_size)
+        return (rank // self.tp) % dp, rank // (self.tp * dp), rank % self.tp
+
+
+@dataclass(frozen=True)
+class Identity:
+    job_id: str
+    rank: int
+    world_size: int
+    local_rank: int
+    node_rank: int
+    binding_epoch: int
+    launcher: str  # one of LAUNCHERS: where rank and world size came from
+    dp_rank: int
+    pp_stage: int
+    tp_rank: int
+    dp_size: int
+    pp_size: int
+    tp_size: int
+
+    def reporter(self, **kwargs: Any) -> Any:
+        """A ``StepReporter`` for this identity (keyword arguments go to it)."""
+        from trainguard_sdk.reporter import StepReporter
+
+        return StepReporter(self.job_id, self.rank, self.world_size, dp_rank=self.dp_rank,
+                            pp_stage=self.pp_stage, tp_rank=self.tp_rank,
+                            binding_epoch=self.binding_epoch, **kwargs)
+
+
+def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip(), 10)
+    except ValueError:
+        raise IdentityError(f"{name}={raw!r}: not an integer") from None
+    if value < minimum:
+        raise IdentityError(f"{name}={raw!r}: must be >= {minimum}")
+    if value > wire.U32_MAX:
+        raise IdentityError(f"{name}={raw!r}: must be <= {wire.U32_MAX}")
+    return value
+
+
+def _first(env: Mapping[str, str], *names: str, minimum: int = 0) -> tuple[int | None, str]:
+    for name in names:
+        value = _int(env, name, minimum)
+        if value is not None:
+            return value, name
+    return None, names[-1]
+
+
+def _placement(env: Mapping[str, str]) -> tuple[str, int, str, int, str, int, int]:
+    """(launcher, rank, rank variable, world size, world variable, local rank, node rank)."""
+    rank = _int(env, ENV_RANK)
+    if rank is not None:
+        world, world_var = _first(env, ENV_WORLD_SIZE, "WORLD_SIZE", "SLURM_NTASKS", minimum=1)
+        if world is None:
+            raise IdentityError(f"{ENV_RANK} is set but no world size: set {ENV_WORLD_SIZE}")
+        local = _first(env, "LOCAL_RANK", "SLURM_LOCALID")[0]
+        node = _first(env, "GROUP_RANK", "SLURM_NODEID")[0]
+        return "trainguard", rank, ENV_RANK, world, world_var, local or 0, node or 0
+    rank = _int(env, "RANK")
+    if rank is not None:
+        world = _int(env, "WORLD_SIZE", 1)
+        if world is None:
+            raise IdentityError("RANK is set but WORLD_SIZE is not")
+        return ("torchelastic", rank, "RANK", world, "WORLD_SIZE",
+                _int(env, "LOCAL_RANK") or 0, _int(env, "GROUP_RANK") or 0)
+    rank = _int(env, "SLURM_PROCID")
+    if rank is not None:
+        world, world_var = _first(env, "SLURM_NTASKS", "SLURM_NPROCS", minimum=1)
+        if world is None:
+            raise IdentityError("SLURM_PROCID is set but SLURM_NTASKS is not")
+        return ("slurm", rank, "SLURM_PROCID", world, world_var,
+                _int(env, "SLURM_LOCALID") or 0, _int(env, "SLURM_NODEID") or 0)
+    return "single", 0, "rank", 1, "world_size", 0, 0
+
+
+def _job_id(env: Mapping[str, str]) -> tuple[str, str]:
+    for name in (ENV_JOB_ID, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        raw = env.get(name, "").strip()
+        if raw and not (name == "TORCHELASTIC_RUN_ID" and raw == UNSET_RUN_ID):
+            return raw, name
+    raise IdentityError(f"no job id: pass job_id=, or set {ENV_JOB_ID} (or torchrun's "
+                        "--rdzv-id, or run under Slurm)")
+
+
+def composite_epoch(env: Mapping[str, str]) -> int:
+    """The binding epoch from the launchers' restart counters (see the module's docstring)."""
+    requeues = min(_int(env, "SLURM_RESTART_COUNT") or 0, REQUEUE_MAX)
+    step = _int(env, "SLURM_STEP_ID") or 0
+    step = 0 if step >= SLURM_SPECIAL_STEP else min(step, STEP_MAX)
+    elastic = min(_int(env, "TORCHELASTIC_RESTART_COUNT") or 0, ELASTIC_MAX)
+    return (requeues << REQUEUE_SHIFT) | (step << STEP_SHIFT) | elastic
+
+
+def identity_from_env(
+    env: Mapping[str, str] | None = None,
+    *,
+    job_id: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    binding_epoch: int | None = None,
+    layout: Layout | None = None,
+) -> Identity:
+    """This process's identity (``env`` defaults to ``os.environ``); ``IdentityError`` with
+    one line naming the variable or argument when it cannot be made."""
+    env = os.environ if env is None else env
+    if (rank is None) != (world_size is None):
+        raise IdentityError("rank= and world_size=: give both or neither")
+    if rank is not None and world_size is not None:
+        launcher, rank_var, world_var = "explicit", "rank=", "world_size="
+        local = _first(env, "LOCAL_RANK", "SLURM_LOCALID")[0] or 0
+        node = _first(env, "GROUP_RANK", "SLURM_NODEID")[0] or 0
+    else:
+        launcher, rank, rank_var, world_size, world_var, local, node = _placement(env)
+    if not isinstance(world_size, int) or world_size < 1:
+        raise IdentityError(f"{world_var}: an int >= 1, got {world_size!r}")
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise IdentityError(f"{rank_var}: {rank!r} is not in 0..{world_size - 1} "
+                            f"({world_var} {world_size})")
+    if job_id is None:
+        job_id, job_var = _job_id(env)
+    else:
+        job_var = "job_id="
+    try:
+        wire.check_job_id(job_id)
+    except ValueError:
+        raise IdentityError(f"{job_var}: {job_id!r} is not a job id (1..{wire.MAX_JOB_LEN} "
+                            f"chars matching {wire.JOB_ID_PATTERN})") from None
+    if binding_epoch is None:
+        env_epoch = _int(env, ENV_BINDING_EPOCH)
+        binding_epoch = composite_epoch(env) if env_epoch is None else env_epoch
+    elif not 0 <= binding_epoch <= wire.U32_MAX:
+        raise IdentityError(f"binding_epoch=: {binding_epoch!r} is not in 0..{wire.U32_MAX}")
+    layout = layout or Layout()
+    dp_rank, pp_stage, tp_rank = layout.coordinates(rank, world_size)
+    return Identity(job_id=job_id, rank=rank, world_size=world_size, local_rank=local,
+                    node_rank=node, binding_epoch=binding_epoch, launcher=launcher,
+                    dp_rank=dp_rank, pp_stage=pp_stage, tp_rank=tp_rank,
+                    dp_size=layout.dp(world_size), pp_size=layout.pp, tp_size=layout.tp)

@@ -1,0 +1,135 @@
+"""StepTimer (trainguard_sdk.ddp) on a one-rank gloo DDP in this process: the hook sees every
+bucket, wraps the user's hook, splits the step; the CUDA path (events read one step late,
+never waited for) with stand-in events, since this machine has no GPU."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._C._distributed_c10d import GradBucket
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel
+from trainguard_sdk.ddp import StepTimer
+
+
+@pytest.fixture
+def group(tmp_path: Path) -> Iterator[None]:
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _model(sleep_s: float = 0.0) -> nn.Module:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+    if sleep_s:
+        m.register_forward_pre_hook(lambda _m, _i: time.sleep(sleep_s))
+    return m
+
+
+def _step(ddp: DistributedDataParallel, timer: StepTimer) -> None:
+    timer.start()
+    ddp(torch.ones(4, 8)).sum().backward()
+
+
+def test_cpu_step_is_split_at_the_last_bucket(group: None) -> None:
+    ddp = DistributedDataParallel(_model(sleep_s=0.03), bucket_cap_mb=0.001)
+    timer = StepTimer(ddp)
+    assert not timer.cuda and timer.stop() is None  # nothing started
+    for _ in range(3):
+        _step(ddp, timer)
+        t = timer.stop()
+    assert t is not None
+    assert t.index == 2 and t.buckets >= 2  # rebuilt buckets after the first step
+    assert t.compute_ms >= 30.0  # the sleep in forward is this rank's compute
+    assert t.comm_ms >= 0.0 and t.compute_ms + t.comm_ms <= t.step_ms
+    assert 0.0 <= t.bucket_spread_ms <= t.compute_ms
+
+
+def test_a_users_hook_is_wrapped_and_gradients_are_unchanged(group: None) -> None:
+    calls: list[int] = []
+
+    def mine(state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        calls.append(bucket.index())
+        return default_hooks.allreduce_hook(state, bucket)
+
+    plain = DistributedDataParallel(_model())
+    plain(torch.ones(4, 8)).sum().backward()
+    for hook in (mine, None):  # the user's hook, and the timer's own inlined all-reduce
+        hooked = DistributedDataParallel(_model())
+        timer = StepTimer(hooked, hook=hook)
+        _step(hooked, timer)
+        assert timer.stop() is not None
+        for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+            assert a.grad is not None and b.grad is not None and torch.equal(a.grad, b.grad)
+    assert calls
+
+
+class FakeEvent:
+    """A stand-in for torch.cuda.Event: a record takes the next tick of a fake device clock."""
+
+    clock = 0.0
+    complete = True
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.at: float | None = None
+
+    def record(self, stream: Any = None) -> None:
+        FakeEvent.clock += 1.0
+        self.at = FakeEvent.clock
+
+    def query(self) -> bool:
+        return FakeEvent.complete
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.at is not None and end.at is not None
+        return end.at - self.at
+
+
+def test_cuda_figures_come_one_step_late_and_never_wait(
+        group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.001)
+    timer = StepTimer(ddp, cuda=True)
+    _step(ddp, timer)
+    assert timer.stop() is None  # step 0's events are read at step 1
+    _step(ddp, timer)
+    t = timer.stop()
+    assert t is not None and t.index == 0 and t.buckets >= 1
+    # ticks: start, then per bucket (first on the first), last, done; then end
+    assert t.compute_ms >= 1.0 and t.comm_ms >= 1.0 and t.step_ms > t.compute_ms + t.comm_ms - 1
+    FakeEvent.complete = False
+    try:
+        _step(ddp, timer)
+        assert timer.stop() is None and timer.skipped == 1  # not complete: skipped, no sync
+    finally:
+        FakeEvent.complete = True
+    _step(ddp, timer)
+    t = timer.stop()
+    assert t is not None and t.index == 2
+
+
+def test_the_exchange_runs_over_ddps_own_process_group(
+        group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    sub = dist.new_group([0])  # a data-parallel group, as in a 3D layout
+    seen: list[Any] = []
+    real = dist.all_reduce
+
+    def spy(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("group"))
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(dist, "all_reduce", spy)
+    ddp = DistributedDataParallel(_model(), process_group=sub)
+    timer = StepTimer(ddp)
+    _step(ddp, timer)
+    assert timer.stop() is not None
+    assert seen and all(g is sub for g in seen)
