@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests import keys
 from trainguard.actuators.jobspec import ddp_job_doc
 from trainguard.cli.common import input_file
 from trainguard.cli.main import build_parser, main
@@ -60,7 +61,8 @@ class Command:
     def files(self) -> list[argparse.Action]:
         """The arguments naming a file the command reads (every positional may be one)."""
         return [a for a in self.actions() if a.type is input_file
-                or (not a.option_strings and not a.choices)]  # a choice is no file
+                or (not a.option_strings and not a.choices  # a choice is no file,
+                    and a.dest not in OUTPUTS)]  # nor a folder it writes
 
     @property
     def needs_kafka(self) -> bool:
@@ -97,8 +99,11 @@ def _good(dest: str, tmp: Path) -> Path:
                                                    agent_socket=None)))
     elif dest == "config":
         path.write_text("channels: [{name: a, type: webhook, url: 'http://127.0.0.1:9/x'}]\n")
-    elif dest == "key_file":
-        path.write_text("k" * 32)
+    elif dest in ("key_file", "actuator_key"):
+        path.write_text((keys.COMMAND if dest == "key_file" else keys.ACTUATOR).hex())
+    elif dest in ("command_pubkey", "actuator_pubkeys"):
+        key = keys.COMMAND if dest == "command_pubkey" else keys.ACTUATOR
+        path.write_text(key.public().hex())
     elif dest in ("log", "file", "fault_log"):
         path.write_bytes(encode(sample_events()[0]) + b"\n")
     elif dest == "rules":
@@ -175,7 +180,8 @@ def test_a_bad_file_is_one_line_and_exit_2(cmd: Command, dest: str, kind: str, t
                                            capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINGUARD_STATE", str(tmp_path / "state"))
-    monkeypatch.setenv("TRAINGUARD_COMMAND_KEY", "k" * 32)
+    for name, value in keys.env().items():
+        monkeypatch.setenv(name, value)
     action = next(a for a in cmd.files() if a.dest == dest)
     bad = _bad(kind, tmp_path)
     code, lines = _run(_argv(cmd, tmp_path, action, bad), capsys)
@@ -192,7 +198,8 @@ def test_no_broker_is_one_line_naming_the_bootstrap(cmd: Command, tmp_path: Path
                                                     capsys: pytest.CaptureFixture[str],
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINGUARD_STATE", str(tmp_path / "state"))
-    monkeypatch.setenv("TRAINGUARD_COMMAND_KEY", "k" * 32)
+    for name, value in keys.env().items():
+        monkeypatch.setenv(name, value)
     code, lines = _run(_argv(cmd, tmp_path), capsys)
     _check(cmd, "broker", code, lines)
     assert BOOTSTRAP in lines[0], lines[0]
@@ -277,7 +284,8 @@ def test_a_broken_drill_run_is_one_line(meta: bytes, field: str, action: str, tm
 def test_an_id_that_breaks_the_contract_is_refused_before_running(
         argv: list[str], what: str, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TRAINGUARD_COMMAND_KEY", "k" * 32)
+    for name, value in keys.env().items():
+        monkeypatch.setenv(name, value)
     code, lines = _run([*argv, "--bootstrap", BOOTSTRAP], capsys)
     assert code == 2 and len(lines) == 1, lines
     assert what in lines[0] and "breaks the event contract" in lines[0]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +18,12 @@ from torch.nn.parallel import DistributedDataParallel
 from trainguard_sdk.ddp import StepTimer
 
 
-@pytest.fixture
-def group(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One gloo group for the module: a group destroyed and made again per test left gloo's
+    threads of the old one racing the new one's first collective (an abort, under load)."""
+    path = tmp_path_factory.mktemp("ddp") / "store"
+    store = dist.FileStore(str(path), 1)  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     yield
     dist.destroy_process_group()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests import keys
+from trainguard.actuators import signing
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.policy import PolicyConfig
 from trainguard.actuators.signing import verify
@@ -87,12 +88,14 @@ def _commands(bus: MemoryBus) -> list[Event]:
 
 def test_decide_reads_the_bus_and_publishes_one_signed_migrate_and_never_twice() -> None:
     bus = MemoryBus()
-    opts = DeciderOptions(key=KEY, policy=PolicyConfig(settle_s=0), tick_s=0.02)
+    opts = DeciderOptions(key=KEY, actuators=keys.ACTUATOR_PUBS,
+                          policy=PolicyConfig(settle_s=0), tick_s=0.02)
 
     async def go() -> None:
-        await publish(bus, [_unit("u0", UnitState.BOUND, 0, 100),
-                            _unit("u1", UnitState.BOUND, 1, 101),
-                            _unit("spare", UnitState.SPARE, None, None), _exit_verdict()])
+        await publish(bus, signing.sign_log(  # the pool as the actuator signed it
+            [_unit("u0", UnitState.BOUND, 0, 100), _unit("u1", UnitState.BOUND, 1, 101),
+             _unit("spare", UnitState.SPARE, None, None), _exit_verdict()],
+            keys.COMMAND, keys.ACTUATOR))
         await run_until(Decider(bus, opts).run, lambda: bool(_commands(bus)))
         await asyncio.sleep(0)
         # a restarted service rebuilds from the log and finds the command already issued
