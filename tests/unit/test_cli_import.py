@@ -166,3 +166,37 @@ def test_import_kmsg_never_raises_on_any_text(data: bytes, node: str) -> None:
     got = kmsg_events(data.decode("utf-8", errors="replace"), name="f", node=node)
     for e in got.events:
         assert isinstance(e.payload, NodeHealth)
+
+
+def test_the_users_path_import_then_replay_log(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A step trace, a kernel log with an OOM kill of rank 2's process and a fault log,
+    imported and concatenated: `replay --log --json` finds the verdicts and incidents."""
+    steps, kmsg, faults = (tmp_path / n for n in ("s.jsonl", "k.jsonl", "f.jsonl"))
+    trace = _trace(tmp_path / "t.csv", rows=20)
+    assert _run(["import", "steps", str(trace), "--map", MAP, "--job", "train-1", "--node",
+                 "n1", "--out", str(steps)], capsys)[0] == 0
+    klog = tmp_path / "dmesg.txt"
+    klog.write_text("[Tue Dec  1 10:00:05 2026] Out of memory: Killed process 4002 (python) "
+                    "total-vm:1kB, anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0\n")
+    assert _run(["import", "kmsg", str(klog), "--node", "n1", "--job", "train-1", "--out",
+                 str(kmsg)], capsys)[0] == 0
+    flog = tmp_path / "faults.csv"
+    flog.write_text("node,start,end,fault_class\nn7,2026-12-01T10:00:01Z,2026-12-01T10:00:09Z,"
+                    "maintenance\n")
+    assert _run(["import", "faults", str(flog), "--out", str(faults)], capsys)[0] == 0
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(steps.read_bytes() + kmsg.read_bytes() + faults.read_bytes())
+    code, out, err = _run(["replay", "--log", str(log), "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["mode"] == "what_if_unrecorded" and doc["exit_code"] == 0
+    found = [(v["job_id"], v["kind"], v["state"], v["subject"]) for v in doc["verdicts"]["new"]]
+    assert ("train-1", "oom_kill", "open", {"node": "n1", "rank": 2}) in found
+    assert ("node:n7", "external_fault", "open", {"node": "n7"}) in found
+    assert ("node:n7", "external_fault", "resolved", {"node": "n7"}) in found
+    oom = next(v for v in doc["verdicts"]["new"] if v["kind"] == "oom_kill")
+    assert oom["severity"] == "critical" and oom["evidence"]["pid"] == 4002
+    appear = {(s["job_id"], s["final_state"]) for s in doc["incidents"]["appear"]}
+    assert ("node:n7", "recovered") in appear
+    assert any(j == "train-1" for j, _ in appear)

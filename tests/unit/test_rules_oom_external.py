@@ -185,3 +185,18 @@ def test_nodes_with_an_open_external_fault_is_a_fleet_gauge() -> None:
         peak = max(peak, want)
     assert peak > 1
     assert rec.metrics.registry.get_sample_value("trainguard_nodes_external_fault") == 2  # power
+
+
+def test_a_fault_start_opens_on_arrival_in_the_prompt_lane_and_is_not_repeated() -> None:
+    from trainguard.rules.engine import RuleEngine
+
+    text = (f"node,start,end,fault_class\nn1,{T0 // S},{T0 // S + 60},gpu\n"
+            f"n1,{T0 // S + 600},,gpu\n")
+    start, end, later = fault_events(text, name="f.csv", fmt="csv").events
+    live = RuleEngine("node:n1", RULES, prompt=True)
+    first = live.feed(start)  # nothing else from this node yet: the watermark cannot pass it
+    assert kinds(first) == [("external_fault", "open")]
+    rest = live.feed(end) + live.feed(later) + live.flush()
+    assert kinds(rest) == [("external_fault", "resolved"), ("external_fault", "open")]
+    ordered = replay([start, end, later], RULES, "node:n1")
+    assert [encode(v) for v in first + rest] == [encode(v) for v in ordered]

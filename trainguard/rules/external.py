@@ -21,9 +21,29 @@ MESSAGE_EVIDENCE = 240
 
 class ExternalFaultRule(RuleBase):
     types = frozenset({"node.health"})
+    prompt_types = frozenset({"node.health"})
 
     def initial_state(self) -> dict[str, Any]:
         return {"depth": {}}  # "node|class" -> faults of that key open now
+
+    def prompt(self, event: Event) -> list[Event]:
+        """A fault's start opens on arrival (a feed's node may send nothing else for hours,
+        so its watermark would hold the start back); its end waits for the ordered lane."""
+        h = event.payload
+        if type(h) is not NodeHealth or h.kind is not NodeHealthKind.EXTERNAL_FAULT_START:
+            return []
+        key, opened = self._open_args(event, h)
+        return self.book.preview(key, **opened)
+
+    def _open_args(self, event: Event, h: NodeHealth) -> tuple[str, dict[str, Any]]:
+        node = event.subject.node
+        cls = h.fault_class or "unknown"
+        t = event.event_time
+        return f"{node}|{cls}", {
+            "kind": "external_fault", "subject": Subject(node=node), "severity": None,
+            "first_time": t, "decided_time": t,
+            "evidence": {"fault_class": cls, "code": h.code, "origin": h.origin,
+                         "message": h.message[:MESSAGE_EVIDENCE]}}
 
     def feed(self, event: Event) -> list[Event]:
         h = event.payload
@@ -37,11 +57,8 @@ class ExternalFaultRule(RuleBase):
         t = event.event_time
         if h.kind is NodeHealthKind.EXTERNAL_FAULT_START:
             depth[key] = depth.get(key, 0) + 1
-            return self.book.raise_(key, kind="external_fault", subject=Subject(node=node),
-                                    severity=None, first_time=t, decided_time=t,
-                                    evidence={"fault_class": cls, "code": h.code,
-                                              "origin": h.origin,
-                                              "message": h.message[:MESSAGE_EVIDENCE]})
+            _, opened = self._open_args(event, h)
+            return self.book.raise_(key, **opened)
         n = depth.get(key, 0)
         if n == 0:
             return []
