@@ -97,3 +97,27 @@ def test_the_follower_never_raises_on_any_bytes(chunks: list[bytes], origin: Ori
     assert isinstance(reading, Reading)
     for d in reading.discrete:
         assert isinstance(d.payload, NodeHealth)
+
+
+UID_KILL = "Out of memory: Killed process 12166, UID 498, (mysqld) total-vm:16407696kB"
+AT = _at(2026, 12, 3, 10, 0, 0)
+
+
+@pytest.mark.parametrize(("line", "time_us", "origin"), [
+    (f"[Thu Dec  3 10:00:00 2026] {UID_KILL}", AT, "dmesg"),  # dmesg -T
+    (f"2026-12-03T10:00:00,123456+00:00 {UID_KILL}", AT + 123456, "dmesg"),  # dmesg iso
+    (f"2026-12-03T10:00:00,123456+00:00 host kernel: {UID_KILL}", AT + 123456, "journal"),
+    (f"Dec 03 10:00:00 host kernel: {UID_KILL}", AT, "journal"),  # journalctl -k
+    (f"Dec 03 10:00:00 host kernel: [ 7097.004932] {UID_KILL}", AT, "journal"),  # syslog
+    (f"2026-12-03T10:00:00+0000 host kernel: {UID_KILL}", AT, "journal"),  # -o short-iso
+    (f"2026-12-03T10:00:00.000001+00:00 host kernel: {UID_KILL}", AT + 1, "journal"),
+    (f"[ 7097.004932] {UID_KILL}", BOOT + 7097_004932, "dmesg"),  # plain dmesg
+])
+def test_each_line_format_with_the_uid_variant(line: str, time_us: int, origin: str) -> None:
+    follower = KernelLogFollower(ListSource("dmesg", [line]), node="n1",
+                                 time_context=TimeContext(boot_time_us=BOOT, tz=UTC, year=2026))
+    (d,) = follower.collect(now_us=1).discrete
+    assert isinstance(d.payload, NodeHealth)
+    assert (d.payload.kind, d.payload.code, d.payload.origin) == (K.OOM_KILL, 12166, origin)
+    assert d.payload.message == UID_KILL  # stamps and host stripped
+    assert d.event_time == time_us

@@ -211,10 +211,13 @@ def parse_text_line(line: str, ctx: TimeContext, prev_time_us: int | None = None
     return LogLine(message=message, time_us=t, origin=origin, facility=facility, level=level)
 
 
+_PRINTK_STAMP = re.compile(r"^\[\s*\d+\.\d+\]\s?")
+
+
 def _strip_host(rest: str) -> tuple[Origin, str]:
     h = _HOST_KERNEL.match(rest)
     if h:
-        return "journal", h.group(2)
+        return "journal", _PRINTK_STAMP.sub("", h.group(2), count=1)
     return "dmesg", rest
 
 
@@ -258,7 +261,7 @@ def _parse_text_time(line: str, ctx: TimeContext, prev: int | None,
             return Malformed("timestamp", f"unknown month {m.group(1)!r}")
         dt = _yearless(ctx, mon, int(m.group(2)), int(m.group(3)), int(m.group(4)),
                        int(m.group(5)), _frac_us(m.group(6)))
-        return _epoch_us(dt), "journal", m.group(8)
+        return _epoch_us(dt), "journal", _PRINTK_STAMP.sub("", m.group(8), count=1)
     m = _UNIX.match(line)
     if m:  # journal short-unix
         return int(m.group(1)) * 1_000_000 + _frac_us(m.group(2)), "journal", m.group(4)
