@@ -122,7 +122,7 @@ def test_a_bad_trace_row_is_one_line_naming_file_line_field_and_value(
 
 
 @pytest.mark.parametrize(("mapping", "want"), [
-    ("rank=worker,step=iter", "--map: no column for compute_ms, time"),
+    ("rank=worker,step=iter", "--map: no column for compute_ms (needs rank, step, compute_ms)"),
     ("rank=worker,speed=x,step=iter,compute_ms=a,time=ts", "--map: unknown field 'speed'"),
     ("rank", "--map: 'rank' is not field=column"),
     ("rank=nope,step=iter,compute_ms=fwd_bwd_ms,time=ts", "line 2: no column 'nope' (mapped to "
@@ -200,3 +200,26 @@ def test_the_users_path_import_then_replay_log(tmp_path: Path,
     appear = {(s["job_id"], s["final_state"]) for s in doc["incidents"]["appear"]}
     assert ("node:n7", "recovered") in appear
     assert any(j == "train-1" for j, _ in appear)
+
+
+def test_an_untimed_public_trace_imports_on_a_step_axis_and_replays(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Alibaba's mini-batch times (tests/fixtures/alibaba: worker, iteration, normalised time;
+    no wall clock): step N lands at --start + N x --step-interval-ms; the rules find the one
+    straggler the dataset labels (worker 6, iterations ~1810-1940)."""
+    out = tmp_path / "a.jsonl"
+    code, _, err = _run(["import", "steps", str(FIXTURES / "alibaba" / "job_1_norm.csv"),
+                         "--map", "rank=worker,step=time,compute_ms=batch_time_norm", "--job",
+                         "alibaba-1", "--start", "2026-12-01T00:00:00Z", "--out", str(out)],
+                        capsys)
+    assert code == 0, err
+    evs = _events(out)
+    first = min(evs, key=lambda e: e.event_time)
+    assert isinstance(first.payload, StepReport) and first.payload.step == 1
+    assert first.event_time == T0 * 1_000_000 - 10 * 3600 * 1_000_000 + 1_000_000
+    assert {e.payload.world_size for e in evs if isinstance(e.payload, StepReport)} == {10}
+    code, text, err = _run(["replay", "--log", str(out), "--json"], capsys)
+    assert code == 0, err
+    opened = [(v["kind"], v["subject"]["rank"]) for v in json.loads(text)["verdicts"]["new"]
+              if v["state"] == "open"]
+    assert opened == [("straggler", 6)]

@@ -6,6 +6,7 @@ trace -> an event log (JSON lines of valid events, in event-time order) that
     trainguard import faults faults.csv --out faults.jsonl
     trainguard import steps trace.csv --map rank=worker,step=iter,compute_ms=fwd_bwd_ms,time=ts \\
         --job train-42 --out steps.jsonl
+    trainguard import steps job_1_norm.csv --map rank=worker,step=time,compute_ms=batch_time_norm
     cat kmsg.jsonl steps.jsonl > log.jsonl && trainguard replay --log log.jsonl
 
 Bad input is one line naming the file, the line, the field and the value (exit 2); nothing is
@@ -25,6 +26,7 @@ from trainguard.collectors.health_import import fault_log_format, parse_time_us
 from trainguard.events.envelope import Event
 from trainguard.incidents.source import write_log
 from trainguard.offline.imports import (
+    DEFAULT_START_US,
     BadInput,
     Imported,
     fault_events,
@@ -63,13 +65,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = isub.add_parser("steps", help="a step trace (CSV or JSON lines) with a column mapping")
     s.add_argument("file", type=input_file, help="the trace (.csv/.tsv, else JSON lines)")
     s.add_argument("--map", required=True, metavar="FIELD=COLUMN,...",
-                   help="which column is which step.report field: rank, step, compute_ms and "
-                   "time (ISO-8601 or epoch s/ms/us/ns) are needed; also world_size, "
+                   help="which column is which step.report field: rank, step and compute_ms "
+                   "are needed; time (ISO-8601 or epoch s/ms/us/ns; without it step N is at "
+                   "--start + N x --step-interval-ms), world_size, "
                    "samples_consumed, dp_rank, pp_stage, tp_rank, comm_ms, data_wait_ms, step_ms, "
                    "loss, pid, binding_epoch, node, job")
     s.add_argument("--job", help="job id (default: the job column, else 'imported')")
     s.add_argument("--node", help="node of every rank (default: the node column, else none)")
     s.add_argument("--world-size", type=int, help="default: the column, else largest rank + 1")
+    s.add_argument("--start", metavar="T", help="time of step 0 of a trace without a time "
+                   "column (ISO-8601 or epoch; default 2026-01-01T00:00:00Z)")
+    s.add_argument("--step-interval-ms", type=float, default=1000.0,
+                   help="time between steps of a trace without a time column (default 1000)")
     _out(s)
     s.set_defaults(func=_steps)
 
@@ -143,11 +150,21 @@ def _steps(args: argparse.Namespace) -> int:
     check_ids(job_id=args.job, node=args.node)
     if args.world_size is not None and args.world_size < 1:
         raise CliError(f"--world-size: must be >= 1 (got {args.world_size})")
+    if not 0 < args.step_interval_ms <= 86_400_000:
+        raise CliError(f"--step-interval-ms: must be > 0 and at most a day (got "
+                       f"{args.step_interval_ms:g})")
+    start = DEFAULT_START_US
+    if args.start is not None:
+        try:
+            start = parse_time_us(args.start)
+        except ValueError as exc:
+            raise CliError(f"--start: {exc}") from None
     try:
         mapping = parse_mapping(args.map)
         got = step_events(text, name=str(args.file), fmt=trace_format(args.file),
                           mapping=mapping, job_id=args.job, node=args.node,
-                          world_size=args.world_size)
+                          world_size=args.world_size, start_us=start,
+                          step_interval_ms=args.step_interval_ms)
     except BadInput as exc:
         raise CliError(str(exc)) from None
     return _write(args, got)

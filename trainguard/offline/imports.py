@@ -114,7 +114,8 @@ def fault_events(text: str, *, name: str, fmt: str, job_id: str | None = None,
 
 STEP_FIELDS = frozenset(StepReport.model_fields)
 MAPPABLE = STEP_FIELDS | {"time", "node", "job"}
-REQUIRED_MAP = ("rank", "step", "compute_ms", "time")
+REQUIRED_MAP = ("rank", "step", "compute_ms")
+DEFAULT_START_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z: the axis of an untimed trace
 
 
 def parse_mapping(text: str) -> dict[str, str]:
@@ -129,12 +130,12 @@ def parse_mapping(text: str) -> dict[str, str]:
             raise BadInput(f"--map: {part.strip()!r} is not field=column")
         if key not in MAPPABLE:
             raise BadInput(f"--map: unknown field {key!r} (one of "
-                               f"{', '.join(sorted(MAPPABLE))})")
+                           f"{', '.join(sorted(MAPPABLE))})")
         mapping[key] = col
     missing = [k for k in REQUIRED_MAP if k not in mapping]
     if missing:
         raise BadInput(f"--map: no column for {', '.join(missing)} "
-                           f"(needs {', '.join(REQUIRED_MAP)})")
+                       f"(needs {', '.join(REQUIRED_MAP)})")
     return mapping
 
 
@@ -157,7 +158,7 @@ def _rows(text: str, fmt: str, name: str) -> Iterable[tuple[int, Mapping[str, An
             raise BadInput(f"{name}: line {n}: not JSON: {exc}") from None
         if not isinstance(obj, dict):
             raise BadInput(f"{name}: line {n}: expected a JSON object, got "
-                               f"{type(obj).__name__}")
+                           f"{type(obj).__name__}")
         yield n, obj
 
 
@@ -171,15 +172,18 @@ def _number(value: Any, name: str, n: int, fld: str, col: str) -> Any:
                 return float(v)
             except ValueError:
                 raise BadInput(f"{name}: line {n}: field {fld!r} (column {col!r}): "
-                                   f"not a number (got {show(value)})") from None
+                               f"not a number (got {show(value)})") from None
     return value
 
 
 def step_events(text: str, *, name: str, fmt: str, mapping: Mapping[str, str],
                 job_id: str | None = None, node: str | None = None,
-                world_size: int | None = None, default_tz: tzinfo = UTC) -> Imported:
+                world_size: int | None = None, default_tz: tzinfo = UTC,
+                start_us: int = DEFAULT_START_US, step_interval_ms: float = 1000.0,
+                ) -> Imported:
     """A step trace -> ``step.report`` events; the first bad row raises ``BadInput``.
-    ``world_size``: the column's, else this, else (largest rank + 1) over the file."""
+    ``world_size``: the column's, else this, else (largest rank + 1) over the file. A trace
+    without a time column is put on an axis: step N at ``start_us + N x step_interval_ms``."""
     rows: list[tuple[int, dict[str, Any], int, str | None, str]] = []
     for n, row in _rows(text, fmt, name):
         doc: dict[str, Any] = {}
@@ -192,14 +196,28 @@ def step_events(text: str, *, name: str, fmt: str, mapping: Mapping[str, str],
             doc[fld] = value
         for fld in REQUIRED_MAP:
             if fld not in doc:
-                raise BadInput(f"{name}: line {n}: field {fld!r} (column "
-                                   f"{mapping[fld]!r}): missing")
-        try:
-            t = parse_time_us(_number(doc.pop("time"), name, n, "time", mapping["time"])
-                              if not _is_iso(doc["time"]) else doc.pop("time"), default_tz)
-        except ValueError as exc:
-            raise BadInput(f"{name}: line {n}: field 'time' (column {mapping['time']!r}): "
+                raise BadInput(f"{name}: line {n}: field {fld!r} (column {mapping[fld]!r}): "
+                               "missing")
+        if "time" in mapping:
+            if "time" not in doc:
+                raise BadInput(f"{name}: line {n}: field 'time' (column {mapping['time']!r}): "
+                               "missing")
+            try:
+                raw = doc.pop("time")
+                t = parse_time_us(raw if _is_iso(raw) else
+                                  _number(raw, name, n, "time", mapping["time"]), default_tz)
+            except ValueError as exc:
+                raise BadInput(f"{name}: line {n}: field 'time' (column {mapping['time']!r}): "
                                f"{exc}") from None
+        else:
+            step = _number(doc["step"], name, n, "step", mapping["step"])
+            if not isinstance(step, int) or step < 0:
+                raise BadInput(f"{name}: line {n}: field 'step' (column {mapping['step']!r}): "
+                               f"not a step number (got {show(doc['step'])})")
+            t = start_us + round(step * step_interval_ms * 1000)
+            if t >= 2**53:
+                raise BadInput(f"{name}: line {n}: field 'step' (column {mapping['step']!r}): "
+                               f"step {step} x {step_interval_ms:g} ms is past any time")
         row_node = doc.pop("node", None)
         row_node = str(row_node) if row_node is not None else node
         row_job = doc.pop("job", None)
@@ -226,7 +244,7 @@ def step_events(text: str, *, name: str, fmt: str, mapping: Mapping[str, str],
             fld = ".".join(str(p) for p in err["loc"])
             col = mapping.get(fld, fld)
             raise BadInput(f"{name}: line {n}: field {fld!r} (column {col!r}): "
-                               f"{err['msg']} (got {show(err.get('input'))})") from None
+                           f"{err['msg']} (got {show(err.get('input'))})") from None
         except ContractError as exc:
             raise BadInput(f"{name}: line {n}: {exc}") from None
     return out
