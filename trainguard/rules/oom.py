@@ -43,30 +43,39 @@ class OomKillRule(RuleBase):
 
     def feed(self, event: Event) -> list[Event]:
         t = event.event_time
-        out = self._quiet(t)
+        out = self._quiet(t) if self.s["last"] else []
         p = event.payload
+        kind = type(p)
         node = event.subject.node
-        if isinstance(p, StepReport | Heartbeat):
-            rank = str(p.rank)
-            if p.pid is not None:
-                self.s["pids"][rank] = [p.pid, node]
-            if isinstance(p, StepReport) and self.book.open:
+        if kind is StepReport or kind is Heartbeat:
+            report: StepReport | Heartbeat = p  # type: ignore[assignment]
+            rank = str(report.rank)
+            if report.pid is not None:
+                self._learn(rank, report.pid, node)
+            if kind is StepReport and self.book.open:
                 doc = self.book.open.get(f"rank:{rank}")
                 if doc is not None and t > doc["first"]:
                     out.extend(self.book.resolve(
                         f"rank:{rank}", decided_time=t,
-                        evidence={"step": p.step, "binding_epoch": p.binding_epoch}))
+                        evidence={"step": report.step,
+                                  "binding_epoch": report.binding_epoch}))
         elif isinstance(p, ProcessExit):
             if p.rank is not None and str(p.rank) not in self.s["pids"]:
-                self.s["pids"][str(p.rank)] = [p.pid, node]
+                self._learn(str(p.rank), p.pid, node)
         elif isinstance(p, NodeTelemetry):
             for proc in p.processes:
                 if proc.rank is not None and proc.job_id in (None, self.ctx.job_id):
-                    self.s["pids"][str(proc.rank)] = [proc.pid, node]
+                    self._learn(str(proc.rank), proc.pid, node)
         elif isinstance(p, NodeHealth) and p.kind is NodeHealthKind.OOM_KILL and \
                 p.code is not None:
             out.extend(self._kill(p, node, t))
         return out
+
+    def _learn(self, rank: str, pid: int, node: str | None) -> None:
+        pids: dict[str, list[Any]] = self.s["pids"]
+        cur = pids.get(rank)
+        if cur is None or cur[0] != pid or cur[1] != node:
+            pids[rank] = [pid, node]
 
     def _rank_of(self, pid: int, node: str | None) -> int | None:
         for rank, (rpid, rnode) in self.s["pids"].items():
