@@ -34,7 +34,7 @@ from trainguard.bus.config import KafkaConfig
 from trainguard.bus.producer import EventProducer
 from trainguard.events import decode
 from trainguard.events.clock import now_us
-from trainguard.events.payloads import Verdict
+from trainguard.events.payloads import Verdict, VerdictKind
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
 from trainguard.rules import synth
 
@@ -65,7 +65,8 @@ class VerdictWatch:
                     got = now_us()
                     for r in recs:
                         ev = decode(r.value)
-                        if isinstance(ev.payload, Verdict) and ev.payload.kind == "process_exit":
+                        if isinstance(ev.payload, Verdict) and (
+                                ev.payload.kind is VerdictKind.PROCESS_EXIT):
                             self.seen.setdefault(ev.job_id, got)
         finally:
             await consumer.stop()

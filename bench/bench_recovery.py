@@ -40,7 +40,14 @@ from trainguard.bus.config import KafkaConfig
 from trainguard.events import decode
 from trainguard.events.envelope import Event
 from trainguard.events.errors import ContractError
-from trainguard.events.payloads import Command, CommandOutcome, PoolUnit, ProcessExit, Verdict
+from trainguard.events.payloads import (
+    Command,
+    CommandOutcome,
+    PoolUnit,
+    ProcessExit,
+    Verdict,
+    VerdictKind,
+)
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
 from trainguard.workload.progress import read_progress
 
@@ -178,7 +185,7 @@ def report(log: list[tuple[int, Event]], prog: list[dict[str, Any]], kill_us: in
 
     _, exit_ev = first(lambda e: isinstance(e.payload, ProcessExit) and e.payload.rank == 3)
     v_ts, verdict = first(lambda e: isinstance(e.payload, Verdict)
-                          and e.payload.kind == "process_exit" and e.subject.rank == 3)
+                          and e.payload.kind is VerdictKind.PROCESS_EXIT and e.subject.rank == 3)
     verdict_us = max(v_ts, verdict.ingest_time or 0)
     _, cmd = first(lambda e: isinstance(e.payload, Command))
     _, accepted = first(lambda e: isinstance(e.payload, CommandOutcome)

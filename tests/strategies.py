@@ -48,7 +48,8 @@ def for_annotation(annotation: Any, metadata: list[Any] | None = None) -> st.Sea
         return st.sampled_from(typing.get_args(annotation))
     if origin is list:
         (item,) = typing.get_args(annotation)
-        return st.lists(for_annotation(item), max_size=3)
+        least = _bounds(metadata).get("min_length", 0)
+        return st.lists(for_annotation(item), min_size=least, max_size=max(3, least))
     if origin is dict:
         key, value = typing.get_args(annotation)
         return st.dictionaries(for_annotation(key), for_annotation(value), max_size=3)
@@ -84,7 +85,16 @@ def for_model(model: type[BaseModel]) -> st.SearchStrategy[Any]:
         name: for_annotation(info.annotation, list(info.metadata))
         for name, info in model.model_fields.items()
     }
-    return st.fixed_dictionaries(fields).map(lambda kw: model(**kw))
+    return st.fixed_dictionaries(fields).map(lambda kw: model(**_keyed_by_action(kw)))
+
+
+def _keyed_by_action(kw: dict[str, Any]) -> dict[str, Any]:
+    """A command's params and an outcome's data are the model of its action: the drawn
+    params/data decide the action."""
+    for inner in kw.values():
+        if "action" in kw and isinstance(inner, BaseModel) and hasattr(inner, "action"):
+            return {**kw, "action": inner.action}
+    return kw
 
 
 def _subject_for(spec: EventType) -> st.SearchStrategy[Subject]:

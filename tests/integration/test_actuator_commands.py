@@ -38,7 +38,8 @@ def command(job: str, key: str, action: CommandAction, rank: int, *, signed_with
             issued_at: int | None = None) -> Event:
     cmd = Command(command_id=f"cmd-{key}", idempotency_key=key, action=action, tier=3,
                   issued_at=issued_at or now_us(), issued_by="trainguard-decide",
-                  params={"rank": rank})
+                  params={"rank": rank, "ranks": [rank]} if action is CommandAction.MIGRATE
+                  else {"rank": rank})
     subject = Subject(rank=rank)
     if signed_with is not None:
         cmd = sign(signed_with, job, subject, cmd)

@@ -23,11 +23,13 @@ from trainguard.collectors.process import parse_stat_exit_code
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import (
+    CheckpointNowParams,
     Command,
     CommandAction,
     OutcomeStatus,
     PoolUnit,
     ReplicaRefused,
+    RestartData,
     StepReport,
     UnitState,
 )
@@ -101,7 +103,7 @@ class Census(threading.Thread):
 
 def migrate(rank: int) -> Command:
     return Command(command_id="cmd-1", idempotency_key="key-1", action=CommandAction.MIGRATE,
-                   tier=2, issued_at=1, issued_by="test", params={"rank": rank, "resume": True})
+                   tier=2, issued_at=1, issued_by="test", params={"rank": rank, "ranks": [rank]})
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm-launcher"])
@@ -137,7 +139,8 @@ def test_migrate_fences_a_replica_that_ignores_sigterm_before_binding(
     assert len(pids) == 4  # two ranks, two epochs, one process each
     assert new[1].unit == "spare-near" and new[0].unit == "u0"  # same rack preferred
     assert {r.epoch for r in new.values()} == {2}
-    assert result.data["to_unit"] == "spare-near" and result.data["epoch"] == 2
+    assert isinstance(result.data, RestartData)
+    assert result.data.to_unit == "spare-near" and result.data.epoch == 2
     units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
     fenced = [u for u in units if u.state is UnitState.FENCED]
     assert {u.rank for u in fenced} == {0, 1}
@@ -240,7 +243,7 @@ def test_checkpoint_now_asks_the_bound_replica_and_never_a_stranger(tmp_path: Pa
         while not saves.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         assert saves.read_text().split() == ["1", str(reps[1].pid)]  # that rank, once
-        unbound = ex.execute(cmd.model_copy(update={"params": {"rank": 7}}))
+        unbound = ex.execute(cmd.model_copy(update={"params": CheckpointNowParams(rank=7)}))
         assert unbound.status is OutcomeStatus.FAILED and "not bound" in unbound.detail
         # a pid that is not the rank (here: this test process) is never signalled
         with pytest.raises(OSError, match="is not rank 1"):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tests.integration.conftest import arun
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.kafka import KafkaBus
 from trainguard.bus.producer import EventProducer
 from trainguard.events.envelope import Event
 from trainguard.events.topics import TopicRole
@@ -49,7 +50,7 @@ async def run_service(cfg: KafkaConfig, until: int, limit_s: float = 30.0,
     until it has decided all ``until`` again), then stop it."""
     stop = asyncio.Event()
     stats = ServiceStats()
-    task = asyncio.create_task(serve(cfg, settings=SETTINGS, idle_flush_s=1.0, stop=stop,
+    task = asyncio.create_task(serve(KafkaBus(cfg), settings=SETTINGS, idle_flush_s=1.0, stop=stop,
                                      stats=stats))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit_s

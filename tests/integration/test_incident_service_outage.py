@@ -11,6 +11,7 @@ import asyncio
 from tests.integration.conftest import arun
 from tests.integration.test_incident_service import SETTINGS, publish, transitions
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.kafka import KafkaBus
 from trainguard.dev.kafka import KafkaBroker
 from trainguard.incidents import rebuild
 from trainguard.incidents.query import canonical
@@ -30,7 +31,7 @@ def test_the_service_goes_on_after_a_broker_outage(kafka: KafkaConfig,
         await publish(kafka, LOG[:half])
         stop = asyncio.Event()
         stats = ServiceStats()
-        task = asyncio.create_task(serve(kafka, settings=SETTINGS, idle_flush_s=1.0,
+        task = asyncio.create_task(serve(KafkaBus(kafka), settings=SETTINGS, idle_flush_s=1.0,
                                          stop=stop, stats=stats))
         loop = asyncio.get_running_loop()
         try:

@@ -28,6 +28,7 @@ from tests.integration.test_incident_service import run_service, transitions
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.policy import PolicyConfig
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.kafka import KafkaBus
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode, make_event
@@ -146,7 +147,7 @@ def _pool_and_straggler(job: str, t: int) -> list[Event]:
 
 
 async def _decide_for(kafka: KafkaConfig, seconds: float) -> Decider:
-    decider = Decider(kafka, DeciderOptions(key=KEY, policy=PolicyConfig(), tick_s=0.1))
+    decider = Decider(KafkaBus(kafka), DeciderOptions(key=KEY, policy=PolicyConfig(), tick_s=0.1))
     stop = asyncio.Event()
     task = asyncio.create_task(decider.run(stop))
     await asyncio.sleep(seconds)
@@ -179,7 +180,7 @@ def test_decide_reads_past_poison_and_folds_duplicates_once(
                         poison_at=() if twice else (1, 5), twice=twice))
     arun(_decide_for(kafka, 6.0))
     commands = _commands(kafka)
-    assert [(c.action, c.tier, c.params.get("rank")) for c in commands] == [
+    assert [(c.action, c.tier, c.params.rank) for c in commands] == [
         (CommandAction.RAISE_QUOTA, 1, 2)]
     letters = arun(dead_letters(kafka, want=len(sent) + (not twice), consumer="decide",
                                 limit_s=5))

@@ -37,8 +37,11 @@ from trainguard.events.payloads import (
     Command,
     CommandAction,
     CommandOutcome,
+    MigrateParams,
     OutcomeStatus,
     PoolUnit,
+    RaiseQuotaParams,
+    RestartData,
     Severity,
     UnitState,
     Verdict,
@@ -256,7 +259,7 @@ def test_a_killed_rank_is_fenced_migrated_and_resumed_from_its_checkpoint(
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
     events = loop.log()
     cmds = [e.payload for e in events if isinstance(e.payload, Command)]
-    assert [(c.action, c.tier, c.params["rank"]) for c in cmds] == [
+    assert [(c.action, c.tier, c.params.rank) for c in cmds] == [
         (CommandAction.MIGRATE, 2, 3)]
     assert cmds[0].signature and cmds[0].signature.startswith("hmac-sha256:")
     assert outcomes(events) == [("migrate", "accepted"), ("migrate", "done")]
@@ -301,7 +304,7 @@ def test_a_throttled_rank_climbs_from_quota_to_migration(
     assert [(c.action, c.tier) for c in cmds] == [(CommandAction.RAISE_QUOTA, 1),
                                                   (CommandAction.CHECKPOINT_NOW, 2),
                                                   (CommandAction.MIGRATE, 2)]
-    assert cmds[0].params["quota_pct"] == 200
+    assert isinstance(cmds[0].params, RaiseQuotaParams) and cmds[0].params.quota_pct == 200
     assert outcomes(events) == [("raise_quota", "accepted"), ("raise_quota", "done"),
                                 ("checkpoint_now", "accepted"), ("checkpoint_now", "done"),
                                 ("migrate", "accepted"), ("migrate", "done")]
@@ -361,13 +364,16 @@ def test_a_lost_host_moves_every_rank_it_held_to_spares_on_another_host(
     assert all(p["resumed_from"] == saved for p in starts)
     events = loop.log()
     cmds = [e.payload for e in events if isinstance(e.payload, Command)]
-    assert [(c.action, c.params["ranks"], c.params["avoid_domains"]) for c in cmds] == [
+    assert [(c.action, c.params.ranks, c.params.avoid_domains) for c in cmds
+            if isinstance(c.params, MigrateParams)] == [
         (CommandAction.MIGRATE, [2, 3], ["host=h2"])]
+    assert len(cmds) == 1
     assert cmds[0].signature and cmds[0].signature.startswith("hmac-sha256:")
     assert outcomes(events) == [("migrate", "accepted"), ("migrate", "done")]
     done = next(e.payload for e in events if isinstance(e.payload, CommandOutcome)
                 and e.payload.status is OutcomeStatus.DONE)
-    assert done.data["to_units"] == ["spare-h1a", "spare-h1b"]
+    assert isinstance(done.data, RestartData)
+    assert done.data.to_units == ["spare-h1a", "spare-h1b"]
     units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
     bound2 = {u.rank: u.unit for u in units if u.state is UnitState.BOUND and u.epoch == 2}
     assert bound2 == {0: "u0", 1: "u1", 2: "spare-h1a", 3: "spare-h1b"}

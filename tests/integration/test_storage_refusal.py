@@ -17,13 +17,12 @@ from trainguard.actuators.fencing import stop_process
 from trainguard.actuators.local import LocalBackend
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import (
-    OUTCOME_RETRY,
-    RETRY_STORAGE_UNREACHABLE,
     Command,
     CommandAction,
-    FlatMap,
     OutcomeStatus,
     PoolUnit,
+    RestartData,
+    RetryCondition,
     UnitState,
 )
 
@@ -36,9 +35,7 @@ pytestmark = [
 
 
 def command(action: CommandAction, n: int) -> Command:
-    params: FlatMap = {"rank": 1}
-    if action is CommandAction.MIGRATE:
-        params["resume"] = True
+    params = {"rank": 1, "ranks": [1]} if action is CommandAction.MIGRATE else {"rank": 1}
     return Command(command_id=f"c-{n}", idempotency_key=f"k-{n}", action=action, tier=2,
                    issued_at=1, issued_by="test", params=params)
 
@@ -68,7 +65,8 @@ def test_a_restart_is_refused_untouched_while_storage_is_read_only(
         for n, action in enumerate((CommandAction.MIGRATE, CommandAction.RESUME)):
             result = ex.execute(command(action, n))
             assert result.status is OutcomeStatus.FAILED, (action, result.detail)
-            assert result.data == {OUTCOME_RETRY: RETRY_STORAGE_UNREACHABLE}, action
+            assert result.data == RestartData(action=action,
+                                              retry=RetryCondition.STORAGE_UNREACHABLE), action
             assert "Read-only file system" in result.detail
         # nothing was touched: the same replicas run, nothing was fenced or bound
         assert ex.replicas() == before
@@ -79,8 +77,8 @@ def test_a_restart_is_refused_untouched_while_storage_is_read_only(
         subprocess.run(["mount", "-o", "remount,bind,rw", str(read_only)], check=True)
         result = ex.execute(command(CommandAction.MIGRATE, 9))
         assert result.status is OutcomeStatus.DONE, result.detail
-        assert OUTCOME_RETRY not in result.data
-        assert ex.replicas()[1].unit != before[1].unit and result.data["epoch"] == 2
+        assert isinstance(result.data, RestartData) and result.data.retry is None
+        assert ex.replicas()[1].unit != before[1].unit and result.data.epoch == 2
     finally:
         for rep in ex.replicas().values():
             stop_process(rep.pid, rep.create_time, 0.1)

@@ -62,7 +62,8 @@ def test_oom_and_external_faults_through_the_live_worker(kafka: KafkaConfig,
     for v in got:
         live.setdefault(v.job_id, []).append(encode(v))
     assert live == expected
-    seen = [(v.job_id, v.payload.kind, v.payload.state.value, v.subject.rank, v.subject.node)
+    seen = [(v.job_id, v.payload.kind.value, v.payload.state.value, v.subject.rank,
+             v.subject.node)
             for v in got if isinstance(v.payload, Verdict)
             and v.payload.kind in ("oom_kill", "external_fault")]
     assert seen.count(("job-oom", "oom_kill", "open", 2, "node-0")) == 1

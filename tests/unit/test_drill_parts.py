@@ -15,8 +15,9 @@ from trainguard.drills.regression import diff
 from trainguard.drills.report import index_markdown, scenario_html, scenario_markdown
 from trainguard.drills.scenario import Expect, StopCondition, resolve
 from trainguard.drills.synth import JOB, T0, Knobs, synth_drill
+from trainguard.events.payloads import VerdictKind
 
-EXPECT = Expect(verdicts=("process_exit",), actions=("migrate",))
+EXPECT = Expect(verdicts=(VerdictKind.PROCESS_EXIT,), actions=("migrate",))
 
 
 def test_view_counts_steps_epochs_checkpoints_and_spares() -> None:

@@ -18,8 +18,9 @@ from trainguard.drills.evidence.evaluate import Evaluation
 from trainguard.drills.evidence.model import Artifacts, Status
 from trainguard.drills.scenario import Expect
 from trainguard.drills.synth import JOB, Knobs, synth_drill
+from trainguard.events.payloads import VerdictKind
 
-EXPECT = Expect(verdicts=("process_exit",), actions=("migrate",), resumed=True,
+EXPECT = Expect(verdicts=(VerdictKind.PROCESS_EXIT,), actions=("migrate",), resumed=True,
                 incident="recovered")
 
 
@@ -242,7 +243,8 @@ def test_incident_none_tolerates_only_listed_kinds_that_recovered(
         recovers: bool, kind: str, tolerate: tuple[str, ...], ok: bool) -> None:
     from trainguard.drills.evidence.expectations import expectations
     from trainguard.drills.evidence.log import index
-    expect = Expect(actions=(), resumed=False, incident="none", tolerate=tolerate)
+    expect = Expect(actions=(), resumed=False, incident="none",
+                    tolerate=tuple(VerdictKind(k) for k in tolerate))
     checks = expectations(index(_slowdown_only(recovers, kind), JOB), expect)
     (check,) = [c for c in checks if c.name == "incident:none"]
     assert (check.status is Status.PASS) is ok, check.detail

@@ -11,14 +11,13 @@ from trainguard.events.codec import decode, encode, make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
-    OUTCOME_RETRY,
-    RETRY_STORAGE_UNREACHABLE,
     Command,
     CommandAction,
     CommandOutcome,
-    FlatMap,
     IncidentTransition,
     OutcomeStatus,
+    RestartData,
+    RetryCondition,
     Severity,
     StepReport,
     Verdict,
@@ -99,7 +98,7 @@ def test_recovery_needs_the_verdicts_resolved_when_nothing_was_fenced() -> None:
     assert straggler.state is not None and straggler.state.value == "mitigating"
 
 
-def _outcome_swap(status: OutcomeStatus, data: FlatMap | None = None
+def _outcome_swap(status: OutcomeStatus, retry: RetryCondition | None = None
                   ) -> Callable[[Event], Event]:
     def swap(e: Event) -> Event:
         p = e.payload
@@ -107,7 +106,7 @@ def _outcome_swap(status: OutcomeStatus, data: FlatMap | None = None
                 p.status is OutcomeStatus.DONE:
             return e.model_copy(update={"payload": p.model_copy(
                 update={"status": status, "detail": "no valid checkpoint",
-                        "data": data or {}})})
+                        "data": RestartData(action=p.action, retry=retry)})})
         return e
     return swap
 
@@ -119,7 +118,7 @@ def test_a_failed_resume_is_unrecoverable() -> None:
 
 
 def test_a_resume_refused_for_a_retryable_reason_is_not_the_end() -> None:
-    swap = _outcome_swap(OutcomeStatus.FAILED, {OUTCOME_RETRY: RETRY_STORAGE_UNREACHABLE})
+    swap = _outcome_swap(OutcomeStatus.FAILED, RetryCondition.STORAGE_UNREACHABLE)
     _, kill = incidents([swap(e) for e in LOG])
     assert ("unrecoverable", 3) not in path(kill)  # the policy retries it: still mitigating
     assert kill.state is not None and kill.state.value == "mitigating"
@@ -201,8 +200,8 @@ def test_an_escalation_naming_no_verdict_joins_by_rank() -> None:
     t = 1_800_000_000_000_000
     v = _verdict("v9", "process_exit", t, Subject(node="n1", rank=2))
     mig = _event(Command(command_id="m", idempotency_key="m", action=CommandAction.MIGRATE,
-                         tier=2, issued_at=t + S, issued_by="policy", cause_verdict_ids=["v9"]),
-                 t + S, Subject(rank=2), "m")
+                         tier=2, issued_at=t + S, issued_by="policy", cause_verdict_ids=["v9"],
+                         params={"rank": 2, "ranks": [2]}), t + S, Subject(rank=2), "m")
     esc = _event(Command(command_id="e", idempotency_key="e", action=CommandAction.ESCALATE,
                          tier=0, issued_at=t + 9 * S, issued_by="policy", cause_verdict_ids=[],
                          params={"reason": "migrate (tier 2) failed: no spare", "rank": 2}),

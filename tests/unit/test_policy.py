@@ -11,14 +11,15 @@ from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
-    OUTCOME_RETRY,
-    RETRY_STORAGE_UNREACHABLE,
     CheckpointAction,
     CheckpointEvent,
     CommandAction,
     CommandOutcome,
+    MigrateParams,
     OutcomeStatus,
     PoolUnit,
+    RaiseQuotaParams,
+    RetryCondition,
     Severity,
     UnitState,
     Verdict,
@@ -55,14 +56,19 @@ def unit(name: str, state: UnitState, rank: int | None = None, pid: int | None =
 
 
 def outcome(d: Decision, status: OutcomeStatus, t: int, detail: str = "",
-            retry: str | None = None) -> Event:
+            retry: RetryCondition | None = None) -> Event:
     c = d.command
     return make_event(CommandOutcome(command_id=c.command_id, idempotency_key=c.idempotency_key,
                                      action=c.action, status=status, finished_at=t,
                                      detail=detail,
-                                     data={OUTCOME_RETRY: retry} if retry else {}),
+                                     data={"retry": retry} if retry else {}),
                       event_id=derived_id("o", c.idempotency_key, status.value), job_id=JOB,
                       event_time=t, source="test")
+
+
+def migrate(d: Decision) -> MigrateParams:
+    assert isinstance(d.command.params, MigrateParams), d.command.action
+    return d.command.params
 
 
 def ckpt(step: int, t: int) -> Event:
@@ -102,8 +108,9 @@ def test_straggler_climbs_the_ladder_one_tier_at_a_time() -> None:
     s, out = feed(pool(), [verdict("straggler", 2, 10 * S)], 10 * S)
     assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.RAISE_QUOTA, 1)]
     q = out[0]
-    assert q.command.params["rank"] == 2 and q.command.params["unit"] == "u2"
-    assert q.command.params["quota_pct"] == 400
+    qp = q.command.params
+    assert isinstance(qp, RaiseQuotaParams)
+    assert qp.rank == 2 and qp.unit == "u2" and qp.quota_pct == 400
     # the next tier waits for tier 1 to be done, then M windows
     s, out = feed(s, [], 60 * S)
     assert out == []
@@ -113,18 +120,18 @@ def test_straggler_climbs_the_ladder_one_tier_at_a_time() -> None:
     s, out = feed(s, [], 71 * S)  # tier 2 saves first: fewer steps redone after the restart
     assert [(d.command.action, d.command.tier) for d in out] == [
         (CommandAction.CHECKPOINT_NOW, 2)]
-    assert out[0].command.params["rank"] == 2
+    assert out[0].command.params.rank == 2
     s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, 72 * S)], 72 * S)
     assert out == []  # asked: now the checkpoint itself
     s, out = feed(s, [ckpt(50, 74 * S)], 74 * S)
     assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.MIGRATE, 2)]
     m = out[0]
-    assert m.command.params["from_unit"] == "u2"
+    assert migrate(m).from_unit == "u2"
     s, out = feed(s, [outcome(m, OutcomeStatus.DONE, 80 * S)], 90 * S)
     assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.RESUME, 3)]
     s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, 91 * S)], 101 * S)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
-    assert "still slow after tiers 1-3" in str(out[0].command.params["reason"])
+    assert "still slow after tiers 1-3" in out[0].command.params.reason
 
 
 def _to_tier_two(cfg: PolicyConfig = CFG) -> tuple[PolicyState, list[Decision]]:
@@ -192,12 +199,12 @@ def test_failures_settle_and_only_the_earliest_is_the_cause() -> None:
     s, out = feed(s, survivors[1:], 11 * S + 400_000)
     assert len(out) == 1
     cmd = out[0].command
-    assert (cmd.action, cmd.params["rank"], cmd.params["resume"]) == (CommandAction.MIGRATE, 3,
-                                                                       True)
+    mp = migrate(out[0])
+    assert (cmd.action, mp.rank, mp.resume) == (CommandAction.MIGRATE, 3, True)
     assert cmd.cause_verdict_ids == [killed.payload.verdict_id]  # type: ignore[attr-defined]
-    assert len(cmd.params["covered_verdicts"]) == 3  # type: ignore[arg-type]
-    assert cmd.params["ranks"] == [3] and cmd.params["from_units"] == ["u3"]
-    assert cmd.params["avoid_domains"] == []  # one rank dying says nothing about its node
+    assert len(mp.covered_verdicts) == 3
+    assert mp.ranks == [3] and mp.from_units == ["u3"]
+    assert mp.avoid_domains == []  # one rank dying says nothing about its node
     # exits of the fenced replicas while the restart is under way are covered, not acted on
     s, out = feed(s, [verdict("process_exit", 1, 12 * S, pid=101)], 20 * S)
     assert out == []
@@ -216,7 +223,7 @@ def test_a_verdict_about_a_replaced_pid_is_ignored() -> None:
 def test_no_spare_escalates_and_never_shrinks() -> None:
     _, out = settled(pool(spares=0), [verdict("process_exit", 3, 10 * S, pid=103)], 12 * S)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
-    reason = str(out[0].command.params["reason"])
+    reason = out[0].command.params.reason
     assert "no spare unit" in reason and "not shrunk" in reason
 
 
@@ -225,12 +232,12 @@ def test_failed_command_escalates_with_its_detail() -> None:
     s, out = feed(s, [outcome(out[0], OutcomeStatus.FAILED, 13 * S, "no spare can reach")],
                   13 * S)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
-    assert "failed: no spare can reach" in str(out[0].command.params["reason"])
+    assert "failed: no spare can reach" in out[0].command.params.reason
 
 
 def _refused(s: PolicyState, d: Decision, t: int) -> tuple[PolicyState, list[Decision]]:
     return feed(s, [outcome(d, OutcomeStatus.FAILED, t, "migrate: no spare can reach the job's "
-                            "storage", RETRY_STORAGE_UNREACHABLE)], t)
+                            "storage", RetryCondition.STORAGE_UNREACHABLE)], t)
 
 
 def test_a_restart_refused_for_unreachable_storage_is_retried_with_backoff() -> None:
@@ -273,7 +280,7 @@ def test_a_retried_restart_escalates_once_its_budget_is_spent() -> None:
         s, (d,) = feed(s, [], t)
     assert [x.command.action for x in out] == [CommandAction.ESCALATE]
     assert t - 13 * S >= int(cfg.retry_budget_s * S)
-    reason = str(out[0].command.params["reason"])
+    reason = out[0].command.params.reason
     assert f"refused {refusals} times" in reason and "storage" in reason
     assert s.retries == {}
 
@@ -299,7 +306,7 @@ def test_missing_outcome_times_out_into_an_escalation() -> None:
     s, out = feed(pool(), [verdict("straggler", 0, 10 * S)], 10 * S)
     s, out = feed(s, [], 10 * S + 121 * S)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
-    assert "no final outcome" in str(out[0].command.params["reason"])
+    assert "no final outcome" in out[0].command.params.reason
 
 
 def test_restart_storm_without_checkpoint_progress_stops_and_escalates() -> None:
@@ -312,7 +319,7 @@ def test_restart_storm_without_checkpoint_progress_stops_and_escalates() -> None
         s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, t + 3 * S)], t + 3 * S)
         t += 30 * S
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
-    assert "restart storm" in str(out[0].command.params["reason"])
+    assert "restart storm" in out[0].command.params.reason
     s, out = settled(s, [verdict("process_exit", 1, t)], t + 5 * S)
     assert out == [] and "restart storm" in s.stopped[JOB]
 
@@ -397,10 +404,10 @@ def test_a_lost_node_moves_every_rank_it_held_to_spares_outside_it() -> None:
         s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"}, by_label=by_label)
         s, out = settled(s, node_b_lost(10 * S), 10 * S + 100_000)
         assert [d.command.action for d in out] == [CommandAction.MIGRATE], by_label
-        p = out[0].command.params
-        assert (p["rank"], p["ranks"], p["from_units"]) == (2, [2, 3], ["u2", "u3"])
-        assert p["avoid_domains"] == [domain]  # node a still runs ranks 0-1: not down
-        assert len(p["covered_verdicts"]) == 3  # type: ignore[arg-type]
+        p = migrate(out[0])
+        assert (p.rank, p.ranks, p.from_units) == (2, [2, 3], ["u2", "u3"])
+        assert p.avoid_domains == [domain]  # node a still runs ranks 0-1: not down
+        assert len(p.covered_verdicts) == 3
 
 
 def test_a_lost_node_without_enough_healthy_spares_escalates_never_shrinks() -> None:
@@ -408,7 +415,7 @@ def test_a_lost_node_without_enough_healthy_spares_escalates_never_shrinks() -> 
     s = two_nodes({"spare-a0": "a", "spare-b": "b"})
     _, out = settled(s, node_b_lost(10 * S), 10 * S + 100_000)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
-    reason = str(out[0].command.params["reason"])
+    reason = out[0].command.params.reason
     assert "ranks [2, 3]" in reason and "1 healthy spare" in reason
     assert "node=b" in reason and "not shrunk" in reason
 
@@ -417,8 +424,8 @@ def test_a_node_level_verdict_moves_every_rank_bound_there() -> None:
     s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"})
     _, out = settled(s, [verdict("link_down", None, 10 * S, node="b")], 10 * S)
     assert [d.command.action for d in out] == [CommandAction.MIGRATE]
-    p = out[0].command.params
-    assert (p["ranks"], p["avoid_domains"]) == ([2, 3], ["node=b"])
+    p = migrate(out[0])
+    assert (p.ranks, p.avoid_domains) == ([2, 3], ["node=b"])
 
 
 def test_independent_failures_together_move_each_rank_without_blaming_a_node() -> None:
@@ -426,8 +433,8 @@ def test_independent_failures_together_move_each_rank_without_blaming_a_node() -
     _, out = settled(s, [verdict("process_exit", 1, 10 * S, pid=101, exit_code=1),
                          verdict("rank_silent", 3, 10 * S + 1)], 10 * S + 1)
     assert [d.command.action for d in out] == [CommandAction.MIGRATE]
-    p = out[0].command.params
-    assert (p["rank"], p["ranks"], p["avoid_domains"]) == (1, [1, 3], [])
+    p = migrate(out[0])
+    assert (p.rank, p.ranks, p.avoid_domains) == (1, [1, 3], [])
 
 
 def test_only_peer_lost_exits_move_the_earliest_as_before() -> None:
@@ -436,7 +443,7 @@ def test_only_peer_lost_exits_move_the_earliest_as_before() -> None:
     _, out = settled(s, [verdict("process_exit", 2, 10 * S + 5, pid=102, exit_code=3),
                          verdict("process_exit", 0, 10 * S, pid=100, exit_code=3)], 10 * S)
     assert [d.command.action for d in out] == [CommandAction.MIGRATE]
-    assert out[0].command.params["ranks"] == [0]
+    assert migrate(out[0]).ranks == [0]
 
 
 NODES = st.sampled_from(["a", "b", "c"])
@@ -472,16 +479,16 @@ def test_failed_ranks_all_move_outside_the_failed_domain_or_escalate(
                if (u.labels.get("drill_node") if by_label else u.node) not in dead_nodes]
     if by_label and not survivors and len(dead_nodes) > 1:
         # every rank died, on several nodes of one machine: the machine is what they share
-        assert cmd.action is CommandAction.ESCALATE and "not shrunk" in str(
-            cmd.params["reason"])
+        assert cmd.action is CommandAction.ESCALATE and "not shrunk" in cmd.params.reason
         return
     if len(outside) < len(killed):
         assert cmd.action is CommandAction.ESCALATE
-        assert "not shrunk" in str(cmd.params["reason"])
+        assert "not shrunk" in cmd.params.reason
         return
     assert cmd.action is CommandAction.MIGRATE
-    assert cmd.params["ranks"] == sorted(killed)
-    avoid = parse_domains(cmd.params["avoid_domains"])  # type: ignore[arg-type]
+    mp = migrate(out[0])
+    assert mp.ranks == sorted(killed)
+    avoid = parse_domains(mp.avoid_domains)
     label = "drill_node" if by_label else "node"
     assert {v for k, v in avoid if k == label} == dead_nodes
     # what the actuator will do with it: a distinct healthy spare for every failed rank
@@ -495,9 +502,9 @@ def test_failed_ranks_all_move_outside_the_failed_domain_or_escalate(
 
 def test_an_oom_killed_rank_migrates_like_an_exit_and_a_node_notice_does_nothing() -> None:
     _, out = settled(pool(), [verdict("oom_kill", 2, 10 * S, pid=102)], 12 * S)
-    assert [(d.command.action, d.command.params["rank"], d.command.params["resume"])
-            for d in out] == [(CommandAction.MIGRATE, 2, True)]
-    assert out[0].command.params["reason"] == "oom_kill"
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    params = migrate(out[0])
+    assert (params.rank, params.resume, params.reason) == (2, True, "oom_kill")
     for kind in ("oom_kill_process", "external_fault"):
         _, out = settled(pool(), [verdict(kind, None, 10 * S)], 12 * S)
         assert out == [], kind

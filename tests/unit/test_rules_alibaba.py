@@ -38,7 +38,7 @@ def opened(job: int) -> list[tuple[str, int | None, int]]:
         p = v.payload
         assert isinstance(p, Verdict)
         if p.state.value == "open":
-            out.append((p.kind, v.subject.rank, (p.first_anomalous_time - T0) // ITER_US))
+            out.append((p.kind.value, v.subject.rank, (p.first_anomalous_time - T0) // ITER_US))
     return out
 
 

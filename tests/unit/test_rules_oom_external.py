@@ -7,7 +7,6 @@ import random
 import pytest
 
 from tests.unit.rules_support import RULES, T0, S, kinds, run
-from trainguard.actuators.policy import FAILURE_KINDS, LADDER_KINDS
 from trainguard.events.codec import encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import (
@@ -16,6 +15,8 @@ from trainguard.events.payloads import (
     NodeHealth,
     NodeHealthKind,
     Verdict,
+    VerdictClass,
+    VerdictKind,
 )
 from trainguard.incidents.aggregate import rebuild
 from trainguard.metrics.recorder import Recorder
@@ -58,7 +59,7 @@ def test_an_oom_killed_rank_is_a_critical_verdict_at_the_rank_until_it_steps_aga
     assert opened.payload.evidence["pid"] == 4002
     assert opened.event_time == T0 + 5 * S + 500_000
     # the policy treats it as a failure (migrate + resume), like a process exit
-    assert "oom_kill" in FAILURE_KINDS and "oom_kill" not in LADDER_KINDS
+    assert VerdictKind.OOM_KILL.verdict_class is VerdictClass.FAILURE
 
 
 def test_a_kill_printed_three_ways_opens_once() -> None:
@@ -84,7 +85,7 @@ def test_a_kill_of_another_process_is_a_node_warning_that_resolves_when_quiet() 
     assert kinds(out) == [("oom_kill_process", "open"), ("oom_kill_process", "resolved")]
     assert (out[0].subject.rank, out[0].subject.node) == (None, "n1")
     assert isinstance(out[0].payload, Verdict) and out[0].payload.severity.value == "warning"
-    assert "oom_kill_process" not in FAILURE_KINDS
+    assert VerdictKind.OOM_KILL_PROCESS.verdict_class is VerdictClass.INFO
 
 
 # --- external faults ----------------------------------------------------------------------
@@ -142,7 +143,7 @@ def test_external_faults_open_and_resolve_per_node_and_class_and_incidents_pair(
     for i in range(n):
         want = IncidentState.RECOVERED if i not in still else IncidentState.LOCATED
         assert final[f"node:node-{i}"] is want, i
-    assert "external_fault" not in FAILURE_KINDS | LADDER_KINDS
+    assert VerdictKind.EXTERNAL_FAULT.verdict_class is VerdictClass.INFO
 
 
 def test_an_end_without_a_start_is_ignored() -> None:

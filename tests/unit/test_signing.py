@@ -9,7 +9,7 @@ import pytest
 from trainguard.actuators.signing import SigningKeyError, check, load_key, sign, verify
 from trainguard.events.codec import decode, encode, make_event
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import Command, CommandAction
+from trainguard.events.payloads import Command, CommandAction, MigrateParams, ResumeParams
 
 KEY = b"k" * 32
 T = 1_700_000_000_000_000
@@ -22,7 +22,7 @@ def command_event(cmd: Command, job: str = "job-a", rank: int | None = 3) -> Eve
 
 def signed(**params: str | int | None) -> Command:
     cmd = Command(command_id="c1", idempotency_key="k1", action=CommandAction.MIGRATE, tier=2,
-                  issued_at=T, issued_by="decide", params={"rank": 3, **params})
+                  issued_at=T, issued_by="decide", params={"rank": 3, "ranks": [3], **params})
     return sign(KEY, "job-a", Subject(rank=3), cmd)
 
 
@@ -33,7 +33,8 @@ def test_a_signed_command_verifies_after_the_wire() -> None:
 
 
 @pytest.mark.parametrize("change", [
-    {"action": CommandAction.FENCE}, {"tier": 3}, {"params": {"rank": 1}},
+    {"action": CommandAction.RESUME, "params": ResumeParams(rank=3)}, {"tier": 3},
+    {"params": MigrateParams(rank=1, ranks=[1])},
     {"issued_at": T + 1}, {"idempotency_key": "k2"}])
 def test_any_altered_field_breaks_the_signature(change: dict[str, object]) -> None:
     forged = signed().model_copy(update=change)

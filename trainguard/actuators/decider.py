@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 
 from trainguard.actuators import metrics, policy, signing
 from trainguard.actuators.policy import Decision, PolicyConfig, PolicyState
-from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import Delivered, EventConsumer
-from trainguard.bus.producer import EventProducer
+from trainguard.bus.consumer import Delivered
+from trainguard.bus.protocol import Bus, EventSink, EventSource
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event
@@ -40,11 +39,11 @@ class DeciderOptions:
 
 
 class Decider:
-    def __init__(self, cfg: KafkaConfig, opts: DeciderOptions) -> None:
-        self.cfg = cfg
+    def __init__(self, bus: Bus, opts: DeciderOptions) -> None:
+        self.bus = bus  # Kafka (``KafkaBus``), or the in-memory twin in unit tests
         self.opts = opts
         self.state = PolicyState()
-        self.producer: EventProducer | None = None  # made inside the running loop
+        self.producer: EventSink | None = None  # made inside the running loop
 
     def _wanted(self, event: Event) -> bool:
         return event.type in INPUT_TYPES and (self.opts.jobs is None
@@ -54,7 +53,7 @@ class Decider:
         self.state, out = policy.step(self.state, event, now, self.opts.policy)
         return out
 
-    async def _guarded(self, consumer: EventConsumer, item: Delivered) -> list[Decision]:
+    async def _guarded(self, consumer: EventSource, item: Delivered) -> list[Decision]:
         """``feed`` one record; one whose folding raises is poison: dead-lettered with the
         reason, the state as before it (``policy.step`` is pure), and decide carries on."""
         try:
@@ -76,18 +75,18 @@ class Decider:
                     metrics.PHASE.labels("decide").observe(
                         max(0.0, (cmd.issued_at - cause_times[vid]) / 1e6))
             log.warning("decided %s tier %d for %s: %s", cmd.action.value, cmd.tier, d.job_id,
-                        cmd.params.get("reason"))
+                        cmd.params.reason)
 
-    def _prod(self) -> EventProducer:
+    def _prod(self) -> EventSink:
         assert self.producer is not None, "run() starts the producer"
         return self.producer
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.producer = EventProducer(self.cfg)
+        self.producer = self.bus.producer()
         await self.producer.start()
         # dedupe: a record written twice (a producer's retry) is folded once
-        consumer = EventConsumer(self.cfg, ROLES, group_id=None, name="decide",
-                                 dlq=self.producer, from_offset="earliest", dedupe=True)
+        consumer = self.bus.consumer(ROLES, group_id=None, name="decide", dlq=self.producer,
+                                     from_offset="earliest", dedupe=True)
         await consumer.start()
         seen: dict[str, int] = {}
         try:

@@ -8,21 +8,21 @@ A process group of a synchronous job (DDP/gloo, the toy job) cannot take one new
 running group: its survivors exit when a peer dies. So ``migrate`` and ``resume`` both restart
 the whole group from the last valid checkpoint: every bound replica is fenced (stopped,
 confirmed dead, unit released) *before* any replica is launched, then every rank is launched at
-a new epoch (job epoch + 1) — ``migrate`` with every failed rank (``params.ranks``; ``rank``
-alone in older commands) on a spare of its own outside the failure domains that just failed
+a new epoch (job epoch + 1) — ``migrate`` with every failed rank (``params.ranks``) on a
+spare of its own outside the failure domains that just failed
 (``params.avoid_domains``), the others on their own units; ``resume`` in place. A migrated
 rank's old unit stays ``fenced`` (quarantined, never rebound) until an operator returns it. No
 spare for one of the failed ranks -> the command fails before anything is fenced (nothing is
 shrunk or half moved) and the policy escalates. A unit that is to run a rank and cannot reach
 the job's checkpoint storage fails the command the same way, but marked retryable
-(``data.retry``): the storage may come back, and the policy retries with backoff.
+(``RestartData.retry``): the storage may come back, and the policy retries with backoff.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from trainguard.actuators import cgroups
@@ -44,16 +44,22 @@ from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id, new_event_id
 from trainguard.events.payloads import (
-    OUTCOME_RETRY,
-    RETRY_STORAGE_UNREACHABLE,
+    ActionData,
+    CheckpointNowData,
     Command,
     CommandAction,
+    EscalateData,
+    FenceData,
     FlatMap,
     Heartbeat,
+    MigrateParams,
     OutcomeStatus,
     PoolUnit,
+    RaiseQuotaData,
+    RaiseQuotaParams,
     ReplicaRefused,
-    Scalar,
+    RestartData,
+    RetryCondition,
     StepReport,
     UnitState,
 )
@@ -66,7 +72,7 @@ SOURCE = "trainguard-actuator"
 class Result:
     status: OutcomeStatus
     detail: str
-    data: FlatMap = field(default_factory=dict)
+    data: ActionData | None = None  # None: the action's defaults
 
 
 class Executor:
@@ -167,28 +173,23 @@ class Executor:
             if cmd.action is CommandAction.FENCE:
                 released, ms = self.fence_all(cmd.command_id, "fence command")
                 return Result(OutcomeStatus.DONE, f"fenced the job's replicas in {ms:.0f} ms",
-                              {"released": _scalars(released), "fence_ms": round(ms, 1)})
+                              FenceData(released=released, fence_ms=round(ms, 1)))
             if cmd.action is CommandAction.CHECKPOINT_NOW:
                 return self._checkpoint_now(cmd)
             if cmd.action is CommandAction.ESCALATE:
-                reason = str(cmd.params.get("reason") or "no reason given")
+                reason = cmd.params.reason or "no reason given"
                 return Result(OutcomeStatus.DONE, f"escalated to a human: {reason}",
-                              {"reason": reason})
+                              EscalateData(reason=reason))
             return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: not supported")
         except (FenceError, JobSpecError, OSError) as exc:
             return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: {exc}")
 
     def _rank(self, cmd: Command) -> int | None:
-        rank = cmd.params.get("rank")
-        return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+        return cmd.params.rank
 
-    def _ranks(self, cmd: Command) -> list[int | None]:
-        """The ranks a migrate moves: ``params.ranks``, else ``params.rank`` alone."""
-        many = cmd.params.get("ranks")
-        if isinstance(many, list) and many:
-            return sorted({r if isinstance(r, int) and not isinstance(r, bool) else None
-                           for r in many}, key=lambda r: -1 if r is None else r)
-        return [self._rank(cmd)]
+    def _ranks(self, cmd: Command) -> list[int]:
+        """The ranks a migrate moves: ``params.ranks``."""
+        return sorted(set(_migrate(cmd).ranks))
 
     def _checkpoint_now(self, cmd: Command) -> Result:
         """Ask one bound replica (``params.rank``, else the lowest) to save; the ranks agree on
@@ -202,22 +203,20 @@ class Executor:
         if rep is None or rep.pid <= 0:
             return Result(OutcomeStatus.FAILED, f"checkpoint_now: rank {rank} is not bound")
         what = self.backend.request_checkpoint(self.job, rep)
-        return Result(OutcomeStatus.DONE, what, {"rank": rep.rank, "pid": rep.pid})
+        return Result(OutcomeStatus.DONE, what, CheckpointNowData(rank=rep.rank, pid=rep.pid))
 
     def _raise_quota(self, cmd: Command) -> Result:
         rank = self._rank(cmd)
         unit = self.pool.bound(self.job.job_id).get(rank) if rank is not None else None
         if unit is None:
             return Result(OutcomeStatus.FAILED, f"raise_quota: rank {rank} is not bound")
-        pct = cmd.params.get("quota_pct")
-        pct_value = float(pct) if isinstance(pct, int | float) and not isinstance(
-            pct, bool) else None
+        pct_value = cmd.params.quota_pct if isinstance(cmd.params, RaiseQuotaParams) else None
         try:
             what = self.backend.set_quota(self.job, self.job.unit(unit.name), pct_value)
         except cgroups.CgroupError as exc:
             return Result(OutcomeStatus.FAILED, f"raise_quota: {exc}")
         return Result(OutcomeStatus.DONE, f"rank {rank} unit {unit.name}: {what}",
-                      {"unit": unit.name, "quota_pct": pct_value})
+                      RaiseQuotaData(unit=unit.name, quota_pct=pct_value))
 
     def _restart(self, cmd: Command) -> Result:
         job = self.job.job_id
@@ -227,7 +226,7 @@ class Executor:
             return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: only ranks "
                           f"{sorted(placement)} of {self.job.world_size} are bound; a human "
                           "must relaunch the job")
-        data: FlatMap = {}
+        data: dict[str, object] = {}  # RestartData's fields
         quarantine: list[str] = []
         moved = ""
         if cmd.action is CommandAction.MIGRATE:
@@ -237,7 +236,7 @@ class Executor:
                 return Result(OutcomeStatus.FAILED, f"migrate: rank "
                               f"{', '.join(str(r) for r in missing)} is not bound")
             olds = {r: bound[r] for r in ranks if r is not None}
-            avoid = parse_domains(_list(cmd.params.get("avoid_domains")))
+            avoid = parse_domains(_migrate(cmd).avoid_domains)
             kept = [f"rank {r} on {u.name} ({', '.join(format_domains(domains(u) & avoid))})"
                     for r, u in sorted(bound.items()) if r not in olds and domains(u) & avoid]
             if kept:
@@ -247,7 +246,7 @@ class Executor:
                 self.pool.spares_for(job)), avoid)
             if plan.missing is not None:
                 return Result(OutcomeStatus.FAILED, f"migrate: {plan.missing}",
-                              _retry_when_storage(plan.storage_blocked))
+                              _retry_when_storage(cmd, plan.storage_blocked))
             to = {r: c.unit.name for r, c in plan.moves.items() if c.unit is not None}
             placement.update(to)
             quarantine = [olds[r].name for r in sorted(olds)]
@@ -267,7 +266,7 @@ class Executor:
             return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: the job's storage cannot "
                           "be reached from " + "; ".join(f"{u}: {why}" for u, why in
                                                          sorted(blocked.items()))
-                          + "; nothing was fenced", _retry_when_storage(True))
+                          + "; nothing was fenced", _retry_when_storage(cmd, True))
         t0 = time.monotonic()
         released, fence_ms = self.fence_all(cmd.command_id, f"{cmd.action.value}: replica "
                                             "replaced", quarantine)
@@ -275,11 +274,11 @@ class Executor:
         epoch = self.launch(placement, cmd.command_id, f"{cmd.action.value} (tier {cmd.tier})")
         bind_ms = (time.monotonic() - t1) * 1000
         data.update({"epoch": epoch, "fence_ms": round(fence_ms, 1),
-                     "bind_ms": round(bind_ms, 1), "released": _scalars(released),
+                     "bind_ms": round(bind_ms, 1), "released": released,
                      "total_ms": round((time.monotonic() - t0) * 1000, 1)})
         return Result(OutcomeStatus.DONE, f"{cmd.action.value}:{moved} {len(placement)} ranks "
                       f"fenced and relaunched at epoch {epoch}, resuming from the last valid "
-                      "checkpoint", data)
+                      "checkpoint", RestartData.model_validate({"action": cmd.action, **data}))
 
     def _unreachable(self, units: Iterable[Unit]) -> dict[str, str]:
         """Unit name -> why it cannot reach the job's storage, for those of ``units`` that
@@ -334,16 +333,14 @@ class Executor:
         return True
 
 
-def _retry_when_storage(blocked: bool) -> FlatMap:
+def _retry_when_storage(cmd: Command, blocked: bool) -> ActionData | None:
     """Outcome data of a restart refused before anything was fenced: retryable when only the
     job's storage was in the way (it may come back)."""
-    return {OUTCOME_RETRY: RETRY_STORAGE_UNREACHABLE} if blocked else {}
+    return RestartData(action=cmd.action, retry=RetryCondition.STORAGE_UNREACHABLE) if (
+        blocked) else None
 
 
-def _list(value: object) -> list[object]:
-    return list(value) if isinstance(value, list) else []
-
-
-def _scalars(items: list[str]) -> list[Scalar]:
-    out: list[Scalar] = list(items)
-    return out
+def _migrate(cmd: Command) -> MigrateParams:
+    """A migrate command's parameters (the contract pairs them with the action)."""
+    assert isinstance(cmd.params, MigrateParams), cmd.action
+    return cmd.params

@@ -42,6 +42,7 @@ it already issued, and the actuator refuses a key it has used.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 from trainguard.actuators.pool import (
@@ -56,21 +57,26 @@ from trainguard.actuators.pool import (
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
-    OUTCOME_RETRY,
+    ActionParams,
     CheckpointAction,
     CheckpointEvent,
+    CheckpointNowParams,
     Command,
     CommandAction,
     CommandOutcome,
-    FlatMap,
+    EscalateParams,
+    ExitEvidence,
+    MigrateParams,
     OutcomeStatus,
     PoolUnit,
+    RaiseQuotaParams,
+    ResumeParams,
     Verdict,
+    VerdictClass,
+    VerdictKind,
     VerdictState,
 )
 
-LADDER_KINDS = frozenset({"straggler"})
-FAILURE_KINDS = frozenset({"process_exit", "rank_silent", "xid_drain", "link_down", "oom_kill"})
 RESTARTS = frozenset({CommandAction.MIGRATE, CommandAction.RESUME})
 FINAL = frozenset({OutcomeStatus.DONE, OutcomeStatus.FAILED, OutcomeStatus.TIMED_OUT,
                    OutcomeStatus.REFUSED})
@@ -119,7 +125,7 @@ class Decision:
 class OpenVerdict:
     verdict_id: str
     job: str
-    kind: str
+    kind: VerdictKind
     rank: int | None
     node: str | None
     gpu: int | None
@@ -157,7 +163,7 @@ class Pending:
     issued_at: int
     rank: int | None
     cause: str = ""
-    params: FlatMap = field(default_factory=dict)
+    params: ActionParams = field(default_factory=EscalateParams)
     attempt: int = 0  # retries before this one
     retry_since: int | None = None  # when the first attempt was refused
 
@@ -222,9 +228,8 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
         if lad.done_at is None or now_us - lad.done_at < wait or lad.verdict_id not in s.open:
             continue
         if lad.tier == 1 and cfg.checkpoint_wait_s > 0 and lad.job not in s.stopped:
-            key = _issue(s, lad.job, CommandAction.CHECKPOINT_NOW, 2, lad.verdict_id, lad.rank,
-                         {"rank": lad.rank, "reason": "straggler: save before migrating"},
-                         now_us, cfg, out)
+            key = _issue(s, lad.job, 2, lad.verdict_id, CheckpointNowParams(
+                rank=lad.rank, reason="straggler: save before migrating"), now_us, cfg, out)
             if key is not None:
                 # best effort, never escalated: its ladder follows it, not the pending table
                 del s.pending[key]
@@ -268,34 +273,54 @@ def _on_verdict(s: PolicyState, event: Event, v: Verdict, now_us: int, cfg: Poli
         for name in [n for n, lad in s.ladders.items() if lad.verdict_id == v.verdict_id]:
             del s.ladders[name]  # back among its peers: the ladder stops here
         return
+    ex = ExitEvidence.of(v.evidence)
     ov = OpenVerdict(v.verdict_id, job, v.kind, event.subject.rank, event.subject.node,
-                     event.subject.gpu, v.first_anomalous_time, _int(v.evidence.get("pid")),
-                     _int(v.evidence.get("exit_code")), _int(v.evidence.get("signal")))
+                     event.subject.gpu, v.first_anomalous_time, ex.pid, ex.exit_code, ex.signal)
     if v.verdict_id in s.open:
         return
     s.open[v.verdict_id] = ov
     if job in s.stopped:
         return
-    if v.kind in LADDER_KINDS and ov.rank is not None:
-        name = f"{job}/{ov.rank}"
-        if name in s.ladders or _restart_pending(s, job):
-            return
-        unit = s.pool.bound(job).get(ov.rank)
-        params: FlatMap = {"rank": ov.rank, "quota_pct": cfg.quota_pct,
-                           "unit": unit.name if unit else None, "reason": v.kind}
-        d = _issue(s, job, CommandAction.RAISE_QUOTA, 1, v.verdict_id, ov.rank, params, now_us,
-                   cfg, out)
-        if d is not None:
-            s.ladders[name] = Ladder(job, ov.rank, v.verdict_id, 1, d)
-    elif v.kind in FAILURE_KINDS:
-        if _stale(s, ov) or _restart_pending(s, job):
-            return  # a replica already replaced, or covered by the restart under way
-        s.held.setdefault(job, []).append(ov)
-        s.held_since.setdefault(job, now_us)
+    ON_OPEN[v.kind.verdict_class](s, ov, now_us, cfg, out)
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _open_ladder(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfig,
+                 out: list[Decision]) -> None:
+    if ov.rank is None:
+        return
+    job = ov.job
+    name = f"{job}/{ov.rank}"
+    if name in s.ladders or _restart_pending(s, job):
+        return
+    unit = s.pool.bound(job).get(ov.rank)
+    params = RaiseQuotaParams(rank=ov.rank, quota_pct=cfg.quota_pct,
+                              unit=unit.name if unit else None, reason=ov.kind)
+    d = _issue(s, job, 1, ov.verdict_id, params, now_us, cfg, out)
+    if d is not None:
+        s.ladders[name] = Ladder(job, ov.rank, ov.verdict_id, 1, d)
+
+
+def _hold_failure(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfig,
+                  out: list[Decision]) -> None:
+    if _stale(s, ov) or _restart_pending(s, ov.job):
+        return  # a replica already replaced, or covered by the restart under way
+    s.held.setdefault(ov.job, []).append(ov)
+    s.held_since.setdefault(ov.job, now_us)
+
+
+def _record_only(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfig,
+                 out: list[Decision]) -> None:
+    """An info verdict: open (it may be a command's cause) but never acted on."""
+
+
+# What an open verdict of each class starts: every class has an entry (a test checks that
+# every kind a rule can emit has one).
+ON_OPEN: Mapping[VerdictClass, Callable[[PolicyState, OpenVerdict, int, PolicyConfig,
+                                         list[Decision]], None]] = {
+    VerdictClass.LADDER: _open_ladder,
+    VerdictClass.FAILURE: _hold_failure,
+    VerdictClass.INFO: _record_only,
+}
 
 
 def _stale(s: PolicyState, ov: OpenVerdict) -> bool:
@@ -348,7 +373,7 @@ def _order(ov: OpenVerdict) -> tuple[int, str]:
 
 def _consequence(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
     """A rank that left because a peer was lost (its own unit did not fail)."""
-    return (ov.kind == "process_exit" and ov.signal is None
+    return (ov.kind is VerdictKind.PROCESS_EXIT and ov.signal is None
             and ov.exit_code in cfg.peer_exit_codes)
 
 
@@ -382,13 +407,12 @@ def _migrate_or_escalate(s: PolicyState, job: str, rank: int, cause: str, reason
         return None
     bound = s.pool.bound(job)
     unit = bound.get(rank)
-    params: FlatMap = {"rank": rank, "resume": True, "reason": reason,
-                       "from_unit": unit.name if unit else None,
-                       "ranks": list(moving),
-                       "from_units": [bound[r].name if r in bound else None for r in moving],
-                       "avoid_domains": list(format_domains(avoid)),
-                       "covered_verdicts": list(covered or [])}
-    return _issue(s, job, CommandAction.MIGRATE, tier, cause, rank, params, now_us, cfg, out)
+    params = MigrateParams(rank=rank, resume=True, reason=reason,
+                           from_unit=unit.name if unit else None, ranks=list(moving),
+                           from_units=[bound[r].name if r in bound else None for r in moving],
+                           avoid_domains=list(format_domains(avoid)),
+                           covered_verdicts=list(covered or []))
+    return _issue(s, job, tier, cause, params, now_us, cfg, out)
 
 
 def _next_tier(s: PolicyState, lad: Ladder, now_us: int, cfg: PolicyConfig,
@@ -398,12 +422,11 @@ def _next_tier(s: PolicyState, lad: Ladder, now_us: int, cfg: PolicyConfig,
         del s.ladders[name]
         return
     if lad.tier == 1:
-        key = _migrate_or_escalate(s, lad.job, lad.rank, lad.verdict_id, "straggler", 2,
-                                   now_us, cfg, out)
+        key = _migrate_or_escalate(s, lad.job, lad.rank, lad.verdict_id,
+                                   VerdictKind.STRAGGLER, 2, now_us, cfg, out)
     elif lad.tier == 2:
-        params: FlatMap = {"rank": lad.rank, "reason": "straggler"}
-        key = _issue(s, lad.job, CommandAction.RESUME, 3, lad.verdict_id, lad.rank, params,
-                     now_us, cfg, out)
+        key = _issue(s, lad.job, 3, lad.verdict_id,
+                     ResumeParams(rank=lad.rank, reason=VerdictKind.STRAGGLER), now_us, cfg, out)
     else:
         _escalate(s, lad.job, f"straggler at rank {lad.rank}: still slow after tiers 1-3",
                   lad.verdict_id, lad.rank, now_us, cfg, out)
@@ -467,7 +490,7 @@ def _on_outcome(s: PolicyState, job: str, o: CommandOutcome, now_us: int, cfg: P
 def _retryable(pend: Pending, o: CommandOutcome) -> bool:
     """A restart refused before it changed anything, for a condition that may clear."""
     return (pend.action in RESTARTS and o.status is OutcomeStatus.FAILED
-            and bool(o.data.get(OUTCOME_RETRY)))
+            and o.retry is not None)
 
 
 def _retry(s: PolicyState, r: Retry, now_us: int, cfg: PolicyConfig,
@@ -476,7 +499,7 @@ def _retry(s: PolicyState, r: Retry, now_us: int, cfg: PolicyConfig,
     p = r.pending
     if p.job in s.stopped or p.cause not in s.open:
         return
-    key = _issue(s, p.job, p.action, p.tier, p.cause, p.rank, dict(p.params), now_us, cfg, out,
+    key = _issue(s, p.job, p.tier, p.cause, p.params, now_us, cfg, out,
                  attempt=p.attempt + 1, retry_since=p.retry_since)
     for lad in s.ladders.values():
         if key is not None and lad.key == p.key:
@@ -488,8 +511,7 @@ def _retry(s: PolicyState, r: Retry, now_us: int, cfg: PolicyConfig,
 
 def _escalate(s: PolicyState, job: str, reason: str, cause: str, rank: int | None,
               now_us: int, cfg: PolicyConfig, out: list[Decision]) -> None:
-    params: FlatMap = {"reason": reason, "rank": rank}
-    _issue(s, job, CommandAction.ESCALATE, ESCALATION_TIER, cause, rank, params, now_us, cfg,
+    _issue(s, job, ESCALATION_TIER, cause, EscalateParams(reason=reason, rank=rank), now_us, cfg,
            out)
 
 
@@ -500,15 +522,17 @@ def idempotency_key(job: str, cause: str, action: CommandAction, tier: int,
     return derived_id("command-key", job, cause, action.value, tier, attempt)
 
 
-def _issue(s: PolicyState, job: str, action: CommandAction, tier: int, cause: str,
-           rank: int | None, params: FlatMap, now_us: int, cfg: PolicyConfig,
-           out: list[Decision], attempt: int = 0,
+def _issue(s: PolicyState, job: str, tier: int, cause: str, params: ActionParams,
+           now_us: int, cfg: PolicyConfig, out: list[Decision], attempt: int = 0,
            retry_since: int | None = None) -> str | None:
+    """Issue the command of ``params`` (its action and rank are the params'), unless the key
+    its cause derives was issued already."""
+    action, rank = params.action, params.rank
     key = idempotency_key(job, cause, action, tier, attempt)
     if key in s.issued:
         return None
     s.issued.add(key)
-    s.pending[key] = Pending(key, job, action, tier, now_us, rank, cause, dict(params), attempt,
+    s.pending[key] = Pending(key, job, action, tier, now_us, rank, cause, params, attempt,
                              retry_since)
     cmd = Command(command_id=derived_id("command", key), idempotency_key=key, action=action,
                   tier=tier, issued_at=now_us, issued_by=cfg.issued_by,

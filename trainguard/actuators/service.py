@@ -33,7 +33,15 @@ from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event
 from trainguard.events.ids import derived_id
-from trainguard.events.payloads import Command, CommandOutcome, FlatMap, OutcomeStatus
+from trainguard.events.payloads import (
+    ActionData,
+    Command,
+    CommandOutcome,
+    FenceData,
+    OutcomeStatus,
+    RestartData,
+    no_data,
+)
 from trainguard.events.topics import TopicRole
 
 log = logging.getLogger(__name__)
@@ -206,12 +214,12 @@ class Actuator:
             await consumer.refuse(item, exc)
 
     async def _outcome(self, event: Event, cmd: Command, status: OutcomeStatus, detail: str,
-                       started: int | None = None, data: FlatMap | None = None) -> None:
+                       started: int | None = None, data: ActionData | None = None) -> None:
         payload = CommandOutcome(command_id=cmd.command_id, idempotency_key=cmd.idempotency_key,
                                  action=cmd.action, status=status, started_at=started,
                                  finished_at=now_us() if status is not OutcomeStatus.ACCEPTED
                                  else None, detail=detail[:4000],
-                                 data=data or {})
+                                 data=data if data is not None else no_data(cmd.action))
         ev = make_event(payload, event_id=derived_id("outcome", cmd.idempotency_key,
                                                      status.value, cmd.command_id),
                         job_id=event.job_id, event_time=now_us(), source=SOURCE,
@@ -255,10 +263,11 @@ class Actuator:
         finally:
             self.busy = False
         self.ledger.record(cmd.idempotency_key, cmd.command_id, result.status.value)
-        for phase in ("fence_ms", "bind_ms"):
-            value = result.data.get(phase)
-            if isinstance(value, int | float):
-                metrics.PHASE.labels(phase[:-3]).observe(value / 1000)
+        d = result.data
+        phases = {"fence": d.fence_ms, "bind": d.bind_ms if isinstance(d, RestartData) else None
+                  } if isinstance(d, RestartData | FenceData) else {}
+        for phase, ms in phases.items():
+            if ms is not None:
+                metrics.PHASE.labels(phase).observe(ms / 1000)
         metrics.PHASE.labels("command").observe((now_us() - started) / 1e6)
-        await self._outcome(event, cmd, result.status, result.detail, started,
-                            dict(result.data))
+        await self._outcome(event, cmd, result.status, result.detail, started, result.data)

@@ -44,6 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     from trainguard.actuators.decider import Decider, DeciderOptions
     from trainguard.actuators.policy import PolicyConfig
     from trainguard.actuators.signing import SigningKeyError, load_key
+    from trainguard.bus.kafka import KafkaBus
 
     try:
         key = load_key(key_file=args.key_file)
@@ -59,7 +60,7 @@ def _run(args: argparse.Namespace) -> int:
         check_ids(job_id=job)
     cfg = kafka_config(args, client_id="trainguard-decide")
     metrics.serve(args.metrics_port)
-    decider = Decider(cfg, DeciderOptions(key=key, policy=pol,
+    decider = Decider(KafkaBus(cfg), DeciderOptions(key=key, policy=pol,
                                           jobs=frozenset(args.job) if args.job else None))
     run_until_stopped(decider.run)
     return 0

@@ -8,6 +8,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from trainguard.bus.kafka import KafkaBus
 from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
@@ -97,7 +98,7 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = kafka_config(args, client_id="trainguard-incidents")
 
     async def run(stop: asyncio.Event) -> None:
-        stats = await serve(cfg, settings=settings_of(args), group=args.group,
+        stats = await serve(KafkaBus(cfg), settings=settings_of(args), group=args.group,
                             idle_flush_s=args.idle_flush_s, stop=stop)
         print(f"incidents: consumed {stats.consumed}, published {stats.published}, "
               f"already published {stats.already_published}")

@@ -52,6 +52,7 @@ from trainguard.events.payloads import (
     PoolUnit,
     UnitState,
     Verdict,
+    VerdictKind,
     VerdictState,
 )
 
@@ -192,13 +193,13 @@ def _resumed(events: list[Event], base_epoch: int | None) -> bool:
 def _quota_raised(events: list[Event], since_us: int, rank: int) -> bool:
     raised = {e.payload.command_id for e in events if isinstance(e.payload, Command)
               and e.payload.action is CommandAction.RAISE_QUOTA and e.event_time >= since_us
-              and e.payload.params.get("rank") == rank}
+              and e.payload.params.rank == rank}
     return any(isinstance(e.payload, CommandOutcome) and e.payload.command_id in raised
                and e.payload.status is OutcomeStatus.DONE for e in events)
 
 
 def _straggler_resolved(events: list[Event], since_us: int, rank: int) -> bool:
-    return any(isinstance(e.payload, Verdict) and e.payload.kind == "straggler"
+    return any(isinstance(e.payload, Verdict) and e.payload.kind is VerdictKind.STRAGGLER
                and e.payload.state is VerdictState.RESOLVED and e.event_time >= since_us
                and e.subject.rank == rank for e in events)
 
@@ -206,7 +207,7 @@ def _straggler_resolved(events: list[Event], since_us: int, rank: int) -> bool:
 def _open_stragglers(events: list[Event]) -> set[str]:
     state: dict[str, VerdictState] = {}
     for e in events:
-        if isinstance(e.payload, Verdict) and e.payload.kind == "straggler":
+        if isinstance(e.payload, Verdict) and e.payload.kind is VerdictKind.STRAGGLER:
             state[e.payload.verdict_id] = e.payload.state
     return {v for v, s in state.items() if s is VerdictState.OPEN}
 

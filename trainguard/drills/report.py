@@ -88,7 +88,8 @@ def scenario_markdown(s: Scenario, ev: Evaluation, archive: Mapping[str, Any],
                                        if s.trigger else ""), ""]
     L += [f"- {x}" for x in _injections(events)] + [""]
     e = s.expect
-    L += ["## Expected state", "", f"- verdicts: {list(e.verdicts) or 'none'}; actions: "
+    kinds = [str(v) for v in e.verdicts]
+    L += ["## Expected state", "", f"- verdicts: {kinds or 'none'}; actions: "
           f"{list(e.actions) or 'none'}; resumed: {e.resumed}; incident: {e.incident}"
           + ("; a corrupt checkpoint reported" if e.checkpoint_corrupt else ""), ""]
     L += ["## Evidence", "", "| kind | check | result | detail | events |", "|---|---|---|---|---|"]

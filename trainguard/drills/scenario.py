@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from trainguard.configfile import ConfigFileError, finite_in, load_yaml, show
+from trainguard.events.payloads import CommandAction, VerdictKind
 
 MAX_NUMBER: Final = 1e9  # no number in a scenario is larger (seconds, counts, ratios)
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -119,7 +120,7 @@ class Fault:
 
 @dataclass(frozen=True)
 class Expect:
-    verdicts: tuple[str, ...] = ()
+    verdicts: tuple[VerdictKind, ...] = ()
     actions: tuple[str, ...] = ()
     resumed: bool = True
     incident: str = "recovered"
@@ -127,7 +128,7 @@ class Expect:
     # verdict kinds the fault may cause that need no action (a job slowing while its link
     # drops packets): with ``incident: none``, incidents opened only by these pass when they
     # recovered; they are never required
-    tolerate: tuple[str, ...] = ()
+    tolerate: tuple[VerdictKind, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -321,14 +322,24 @@ def _expect(ctx: _Ctx, doc: Any) -> Expect:
         if flag in e and not isinstance(e[flag], bool):
             raise ctx.fail(f"expect.{flag}", f"true or false (got {e[flag]!r})")
     actions = ctx.strings(e.get("actions", []), "expect.actions")
-    known = ("raise_quota", "migrate", "resume", "fence", "checkpoint_now", "escalate")
+    known = tuple(a.value for a in CommandAction)
     for i, a in enumerate(actions):
         if a not in known:
             raise ctx.fail(f"expect.actions[{i}]", f"one of {', '.join(known)} (got {a!r})")
-    return Expect(verdicts=ctx.strings(e.get("verdicts", []), "expect.verdicts"),
+    return Expect(verdicts=_kinds(ctx, e.get("verdicts", []), "expect.verdicts"),
                   actions=actions, resumed=bool(e.get("resumed", True)), incident=incident,
                   checkpoint_corrupt=bool(e.get("checkpoint_corrupt", False)),
-                  tolerate=ctx.strings(e.get("tolerate", []), "expect.tolerate"))
+                  tolerate=_kinds(ctx, e.get("tolerate", []), "expect.tolerate"))
+
+
+def _kinds(ctx: _Ctx, value: Any, field_name: str) -> tuple[VerdictKind, ...]:
+    names = ctx.strings(value, field_name)
+    known = {k.value for k in VerdictKind}
+    for i, name in enumerate(names):
+        if name not in known:
+            raise ctx.fail(f"{field_name}[{i}]", f"a verdict kind, one of "
+                           f"{', '.join(sorted(known))} (got {name!r})")
+    return tuple(VerdictKind(n) for n in names)
 
 
 def _stops(ctx: _Ctx, doc: Any) -> tuple[StopCondition, ...]:

@@ -18,13 +18,16 @@ from trainguard.events.payloads import (
     IncidentState,
     IncidentTransition,
     Injection,
+    MigrateParams,
     OutcomeStatus,
     Payload,
     PoolUnit,
     ProcessExit,
+    RestartData,
     StepReport,
     UnitState,
     Verdict,
+    VerdictKind,
     VerdictState,
 )
 
@@ -117,7 +120,7 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
             Subject(rank=k.victim))
     log.add(ProcessExit(pid=old_pid[k.victim], rank=k.victim, binding_epoch=1, signal=9),
             t + 1000, Subject(node="n", rank=k.victim))
-    log.add(Verdict(verdict_id="v1", rule="process-exit", kind="process_exit",
+    log.add(Verdict(verdict_id="v1", rule="process-exit", kind=VerdictKind.PROCESS_EXIT,
                     state=VerdictState.OPEN, severity="critical", first_anomalous_time=t,
                     decided_time=t + 2000), t + 2000, Subject(rank=k.victim))
     log.add(IncidentTransition(incident_id="i1", seq=0, to_state=IncidentState.DETECTED),
@@ -130,7 +133,8 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
                                                {p: 0 for p in old_pid.values()})
     log.add(Command(command_id="c1", idempotency_key="k1", action=CommandAction.MIGRATE,
                     tier=2, issued_at=t + 4000, issued_by="decide",
-                    params={"rank": k.victim}), t + 4000, Subject(rank=k.victim))
+                    params=MigrateParams(rank=k.victim, ranks=[k.victim])), t + 4000,
+            Subject(rank=k.victim))
     t_fence = t + 10_000
     t_bind = t + 20_000 if not k.bind_before_fence else t + 5_000
     for r in range(k.world):
@@ -144,7 +148,9 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
         cpus = 2 if (k.cpus_changed and r == k.victim) else 1
         _unit(log, t_bind + r, name, UnitState.BOUND, r, 2, new_pid[r], cpus=cpus)
     log.add(CommandOutcome(command_id="c1", idempotency_key="k1", action=CommandAction.MIGRATE,
-                           status=OutcomeStatus.DONE, data={"fence_ms": 12.0}), t + 30_000)
+                           status=OutcomeStatus.DONE,
+                           data=RestartData(action=CommandAction.MIGRATE, fence_ms=12.0)),
+            t + 30_000)
     t += 2_000_000
     valid = [s for s in written]
     if k.corrupt_newest and written:

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from trainguard.events import payloads as p
 from trainguard.events.envelope import Header, Subject
 from trainguard.events.registry import EVENT_TYPES, UPCASTERS
 from trainguard.events.topics import TOPIC_SPECS, TopicNames
@@ -54,6 +55,8 @@ def _required(info: FieldInfo) -> str:
 def _fields_table(model: type[BaseModel]) -> list[str]:
     rows = ["| field | type | required |", "|---|---|---|"]
     for name, info in model.model_fields.items():
+        if info.exclude:  # a params/data model's hidden action key: never on the wire
+            continue
         rows.append(f"| `{name}` | {_type_name(info.annotation)} | {_required(info)} |")
     return rows
 
@@ -76,6 +79,23 @@ def _nested_models(model: type[BaseModel]) -> list[type[BaseModel]]:
     return found
 
 
+def _vocabulary(model: type[BaseModel]) -> list[str]:
+    """The typed vocabulary a payload's fields are keyed by."""
+    if model is p.Verdict:
+        return ["", "Verdict kinds and their class (what the policy does with an open one: "
+                "`failure` restarts around the rank at once, `ladder` climbs the tiers, `info` "
+                "is recorded only):", "", "| kind | class |", "|---|---|",
+                *(f"| `{k.value}` | {k.verdict_class.value} |" for k in p.VerdictKind)]
+    keyed = {p.Command: ("params", p.COMMAND_PARAMS),
+             p.CommandOutcome: ("data", p.OUTCOME_DATA)}.get(model)
+    if keyed is None:
+        return []
+    field, by_action = keyed
+    return ["", f"`{field}` is the model of the `action` (absent: that model's defaults):", "",
+            f"| action | `{field}` |", "|---|---|",
+            *(f"| `{a.value}` | {m.__name__} |" for a, m in by_action.items())]
+
+
 def render_markdown(names: TopicNames | None = None) -> str:
     names = names or TopicNames()
     out = [_INTRO, "## Event types", "",
@@ -96,6 +116,7 @@ def render_markdown(names: TopicNames | None = None) -> str:
         if t.requires_subject:
             out += ["Subject must carry: " + ", ".join(f"`{f}`" for f in t.requires_subject), ""]
         out += _fields_table(t.payload)
+        out += _vocabulary(t.payload)
         for nested in _nested_models(t.payload):
             out += ["", f"### {nested.__name__}", "", *_fields_table(nested)]
         ups = [v for (name, v) in UPCASTERS if name == t.name]

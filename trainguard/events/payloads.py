@@ -9,10 +9,11 @@ Conventions, shared by every payload:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -233,10 +234,111 @@ class Severity(StrEnum):
     CRITICAL = "critical"
 
 
+class VerdictClass(StrEnum):
+    """What the remediation policy does with an open verdict of a kind."""
+
+    FAILURE = "failure"  # a rank or its unit is gone: restart the job around it at once
+    LADDER = "ladder"  # a rank is degraded: the tier ladder, lightest action first
+    INFO = "info"  # recorded (incidents, alerts, metrics); no command
+
+
+class VerdictKind(StrEnum):
+    """Every kind of verdict a rule can open. Its class (``verdict_class``) says how the
+    policy treats it; every rule declares the kinds it emits (``RuleBase.kinds``)."""
+
+    STRAGGLER = "straggler"
+    JOB_SLOWDOWN = "job_slowdown"
+    STAGE_IMBALANCE = "stage_imbalance"
+    RANK_SILENT = "rank_silent"
+    PROCESS_EXIT = "process_exit"
+    XID_DRAIN = "xid_drain"
+    XID_APP = "xid_app"
+    XID_OTHER = "xid_other"
+    LINK_DOWN = "link_down"
+    LINK_FLAPPING = "link_flapping"
+    THERMAL_THROTTLE = "thermal_throttle"
+    POWER_THROTTLE = "power_throttle"
+    ECC_DBE = "ecc_dbe"
+    ECC_SBE_RATE = "ecc_sbe_rate"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    HW_OUTLIER = "hw_outlier"
+    DATA_STARVATION = "data_starvation"
+    LOSS_NONFINITE = "loss_nonfinite"
+    LOSS_SPIKE_AFTER_RESUME = "loss_spike_after_resume"
+    OOM_KILL = "oom_kill"
+    OOM_KILL_PROCESS = "oom_kill_process"
+    EXTERNAL_FAULT = "external_fault"
+
+    @property
+    def verdict_class(self) -> VerdictClass:
+        return VERDICT_CLASSES[self]
+
+
+_K, _C = VerdictKind, VerdictClass
+# Every kind's class, said once and explicitly: a kind added without one fails at import.
+VERDICT_CLASSES: Mapping[VerdictKind, VerdictClass] = {
+    _K.STRAGGLER: _C.LADDER,
+    _K.JOB_SLOWDOWN: _C.INFO,  # the whole job: no rank to move
+    _K.STAGE_IMBALANCE: _C.INFO,
+    _K.RANK_SILENT: _C.FAILURE,
+    _K.PROCESS_EXIT: _C.FAILURE,
+    _K.XID_DRAIN: _C.FAILURE,  # the GPU must be drained
+    _K.XID_APP: _C.INFO,  # the application's own error
+    _K.XID_OTHER: _C.INFO,
+    _K.LINK_DOWN: _C.FAILURE,
+    _K.LINK_FLAPPING: _C.INFO,
+    _K.THERMAL_THROTTLE: _C.INFO,
+    _K.POWER_THROTTLE: _C.INFO,
+    _K.ECC_DBE: _C.INFO,
+    _K.ECC_SBE_RATE: _C.INFO,
+    _K.ROW_REMAP_FAILURE: _C.INFO,
+    _K.ROW_REMAP_PENDING: _C.INFO,
+    _K.HW_OUTLIER: _C.INFO,
+    _K.DATA_STARVATION: _C.INFO,
+    _K.LOSS_NONFINITE: _C.INFO,
+    _K.LOSS_SPIKE_AFTER_RESUME: _C.INFO,
+    _K.OOM_KILL: _C.FAILURE,  # a rank's process killed by the kernel: gone, like an exit
+    _K.OOM_KILL_PROCESS: _C.INFO,  # another process on the node: memory pressure, no rank lost
+    _K.EXTERNAL_FAULT: _C.INFO,  # a second-hand feed: a notice (docs/rules.md says why)
+}
+if set(VERDICT_CLASSES) != set(VerdictKind):
+    raise RuntimeError("VERDICT_CLASSES: no class for "
+                       f"{sorted(set(VerdictKind) - set(VERDICT_CLASSES))}")
+
+
+def kinds_of(verdict_class: VerdictClass) -> frozenset[VerdictKind]:
+    return frozenset(k for k in VerdictKind if k.verdict_class is verdict_class)
+
+
+class ExitEvidence(BaseModel):
+    """The part of a verdict's evidence the policy reads: the replica (``pid``) the verdict is
+    about and how it ended. The ``process_exit`` rule writes it (``as_evidence``), the policy
+    reads it back (``of``); on the wire it stays fields of the flat ``Verdict.evidence``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    pid: Annotated[int, Field(gt=0)] | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+
+    def as_evidence(self) -> FlatMap:
+        return {"pid": self.pid, "exit_code": self.exit_code, "signal": self.signal}
+
+    @classmethod
+    def of(cls, evidence: FlatMap) -> ExitEvidence:
+        """What a verdict's evidence says of its replica; nothing when these fields are not
+        what this model says (strict: a bool or a string is never read as a pid)."""
+        try:
+            return cls.model_validate(evidence)
+        except ValidationError:
+            return cls()
+
+
 class Verdict(Payload):
     verdict_id: Name
     rule: Name
-    kind: Name
+    kind: VerdictKind
     state: VerdictState
     severity: Severity
     first_anomalous_time: TimeUs
@@ -254,6 +356,92 @@ class CommandAction(StrEnum):
     ESCALATE = "escalate"
 
 
+Reason = Annotated[str, Field(max_length=4096)]
+# a rank in params and data: a JSON integer, never a bool, a float or a numeric string
+Rank = Annotated[int, Field(ge=0, strict=True)]
+Ms = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+UnitName = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+def _action_key(action: CommandAction) -> Any:
+    """The hidden discriminator of a params/data model: set from the enclosing command's
+    ``action`` when read, never written (the wire shape is the model's own fields)."""
+    return Field(default=action, exclude=True, repr=False)
+
+
+# --- command parameters, one model per action (``Command.params``) ---
+
+
+class CommandParams(Payload):
+    """What the parameters of every action carry."""
+
+    rank: Rank | None = None  # the rank the command is about (migrate: the first it moves)
+    reason: Reason = ""
+
+
+class RaiseQuotaParams(CommandParams):
+    action: Literal[CommandAction.RAISE_QUOTA] = _action_key(CommandAction.RAISE_QUOTA)
+    quota_pct: NonNegFinite | None = None  # the unit's new CPU quota; None: no limit
+    unit: UnitName | None = None  # the rank's unit when decided (the actuator looks it up)
+
+
+class MigrateParams(CommandParams):
+    action: Literal[CommandAction.MIGRATE] = _action_key(CommandAction.MIGRATE)
+    ranks: Annotated[list[Rank], Field(min_length=1)]  # every rank moved to a spare
+    resume: bool = True
+    from_unit: UnitName | None = None  # ``rank``'s unit when decided
+    from_units: list[UnitName | None] = Field(default_factory=list)  # per rank of ``ranks``
+    avoid_domains: list[Name] = Field(default_factory=list)  # "node=n1", never moved into
+    covered_verdicts: list[Name] = Field(default_factory=list)  # the other verdicts it answers
+
+
+class ResumeParams(CommandParams):
+    action: Literal[CommandAction.RESUME] = _action_key(CommandAction.RESUME)
+
+
+class FenceParams(CommandParams):
+    action: Literal[CommandAction.FENCE] = _action_key(CommandAction.FENCE)
+
+
+class CheckpointNowParams(CommandParams):
+    action: Literal[CommandAction.CHECKPOINT_NOW] = _action_key(CommandAction.CHECKPOINT_NOW)
+
+
+class EscalateParams(CommandParams):
+    action: Literal[CommandAction.ESCALATE] = _action_key(CommandAction.ESCALATE)
+
+
+ActionParams = Annotated[
+    RaiseQuotaParams | MigrateParams | ResumeParams | FenceParams | CheckpointNowParams
+    | EscalateParams,
+    Field(discriminator="action"),
+]
+COMMAND_PARAMS: Mapping[CommandAction, type[CommandParams]] = {
+    CommandAction.RAISE_QUOTA: RaiseQuotaParams,
+    CommandAction.MIGRATE: MigrateParams,
+    CommandAction.RESUME: ResumeParams,
+    CommandAction.FENCE: FenceParams,
+    CommandAction.CHECKPOINT_NOW: CheckpointNowParams,
+    CommandAction.ESCALATE: EscalateParams,
+}
+
+
+def _keyed(data: Any, field: str) -> Any:
+    """Before validation: hand the enclosing ``action`` to ``field``'s model (a mapping, or
+    absent: every field of the action's model at its default)."""
+    if isinstance(data, dict):
+        inner = data.get(field, {})
+        if isinstance(inner, dict) and "action" not in inner:
+            return {**data, field: {**inner, "action": data.get("action")}}
+    return data
+
+
+def _check_keyed(action: CommandAction, inner: BaseModel, field: str) -> None:
+    got = getattr(inner, "action", None)
+    if got != action:
+        raise ValueError(f"{field}: {type(inner).__name__} is not for action {action.value}")
+
+
 class Command(Payload):
     command_id: Name
     idempotency_key: Name
@@ -262,8 +450,20 @@ class Command(Payload):
     issued_at: TimeUs
     issued_by: Name
     cause_verdict_ids: list[str] = Field(default_factory=list)
-    params: FlatMap = Field(default_factory=dict)
+    # the model of ``action`` (``COMMAND_PARAMS``); absent: that model's defaults (the
+    # validator fills it in, so it is never None)
+    params: ActionParams = Field(default=None)  # type: ignore[assignment]
     signature: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _params_of_action(cls, data: Any) -> Any:
+        return _keyed(data, "params")
+
+    @model_validator(mode="after")
+    def _params_match(self) -> Command:
+        _check_keyed(self.action, self.params, "params")
+        return self
 
 
 class OutcomeStatus(StrEnum):
@@ -274,10 +474,82 @@ class OutcomeStatus(StrEnum):
     REFUSED = "refused"
 
 
-# ``CommandOutcome.data`` key: a failed command changed nothing, and the condition it names
-# (e.g. ``RETRY_STORAGE_UNREACHABLE``) may clear by itself, so the command is worth retrying.
-OUTCOME_RETRY = "retry"
-RETRY_STORAGE_UNREACHABLE = "storage_unreachable"
+class RetryCondition(StrEnum):
+    """Why a failed command changed nothing and is worth retrying: the condition may clear."""
+
+    STORAGE_UNREACHABLE = "storage_unreachable"
+
+
+# --- outcome data, one model per action (``CommandOutcome.data``); every field optional:
+# an accepted, refused or failed outcome carries few or none of them ---
+
+
+class OutcomeData(Payload):
+    """What the data of every action's outcome carries (nothing yet)."""
+
+
+class RaiseQuotaData(OutcomeData):
+    action: Literal[CommandAction.RAISE_QUOTA] = _action_key(CommandAction.RAISE_QUOTA)
+    unit: UnitName | None = None
+    quota_pct: NonNegFinite | None = None
+
+
+class RestartData(OutcomeData):
+    """A migrate or resume: the whole process group fenced and relaunched at ``epoch``."""
+
+    action: Literal[CommandAction.MIGRATE, CommandAction.RESUME] = Field(exclude=True, repr=False)
+    retry: RetryCondition | None = None  # failed before anything was fenced; may clear
+    epoch: Count | None = None
+    fence_ms: Ms | None = None
+    bind_ms: Ms | None = None
+    total_ms: Ms | None = None
+    released: list[str] = Field(default_factory=list)
+    # migrate: the first rank moved, and every one
+    rank: Rank | None = None
+    from_unit: UnitName | None = None
+    to_unit: UnitName | None = None
+    choice: str | None = None  # why that spare
+    ranks: list[Rank] = Field(default_factory=list)
+    from_units: list[UnitName] = Field(default_factory=list)
+    to_units: list[UnitName] = Field(default_factory=list)
+    avoided_domains: list[Name] = Field(default_factory=list)
+
+
+class FenceData(OutcomeData):
+    action: Literal[CommandAction.FENCE] = _action_key(CommandAction.FENCE)
+    released: list[str] = Field(default_factory=list)
+    fence_ms: Ms | None = None
+
+
+class CheckpointNowData(OutcomeData):
+    action: Literal[CommandAction.CHECKPOINT_NOW] = _action_key(CommandAction.CHECKPOINT_NOW)
+    rank: Rank | None = None  # the rank asked to save
+    pid: Annotated[int, Field(gt=0)] | None = None
+
+
+class EscalateData(OutcomeData):
+    action: Literal[CommandAction.ESCALATE] = _action_key(CommandAction.ESCALATE)
+    reason: Reason = ""
+
+
+ActionData = Annotated[
+    RaiseQuotaData | RestartData | FenceData | CheckpointNowData | EscalateData,
+    Field(discriminator="action"),
+]
+OUTCOME_DATA: Mapping[CommandAction, type[OutcomeData]] = {
+    CommandAction.RAISE_QUOTA: RaiseQuotaData,
+    CommandAction.MIGRATE: RestartData,
+    CommandAction.RESUME: RestartData,
+    CommandAction.FENCE: FenceData,
+    CommandAction.CHECKPOINT_NOW: CheckpointNowData,
+    CommandAction.ESCALATE: EscalateData,
+}
+
+
+def no_data(action: CommandAction) -> ActionData:
+    """The data of an outcome that carries none (accepted, refused, ...)."""
+    data: ActionData = OUTCOME_DATA[action].model_validate({"action": action})  # type: ignore[assignment]
+    return data
 
 
 class CommandOutcome(Payload):
@@ -288,7 +560,24 @@ class CommandOutcome(Payload):
     started_at: TimeUs | None = None
     finished_at: TimeUs | None = None
     detail: Annotated[str, Field(max_length=4096)] = ""
-    data: FlatMap = Field(default_factory=dict)
+    # the model of ``action`` (``OUTCOME_DATA``); absent: that model's defaults (the
+    # validator fills it in, so it is never None)
+    data: ActionData = Field(default=None)  # type: ignore[assignment]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _data_of_action(cls, data: Any) -> Any:
+        return _keyed(data, "data")
+
+    @model_validator(mode="after")
+    def _data_match(self) -> CommandOutcome:
+        _check_keyed(self.action, self.data, "data")
+        return self
+
+    @property
+    def retry(self) -> RetryCondition | None:
+        """The condition that made a failed restart retryable, or None."""
+        return self.data.retry if isinstance(self.data, RestartData) else None
 
 
 # --- the pool: units and replicas ---------------------------------------------------------

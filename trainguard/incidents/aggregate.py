@@ -13,7 +13,6 @@ from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
-    OUTCOME_RETRY,
     CheckpointAction,
     CheckpointEvent,
     Command,
@@ -190,7 +189,7 @@ class IncidentBook:
         if inc is None or c.command_id in self._by_command:
             return []
         ref = CommandRef(c.command_id, c.action, c.tier, event.event_time, event.event_id,
-                         event.subject, dict(c.params))
+                         event.subject, c.params)
         inc.commands[c.command_id] = ref
         self._by_command[c.command_id] = inc.incident_id
         inc.last_time = event.event_time
@@ -200,7 +199,7 @@ class IncidentBook:
         if c.action is CommandAction.ESCALATE:
             if inc.state is S.ESCALATED:
                 return []
-            why = c.params.get("reason") or "tiers exhausted"
+            why = c.params.reason or "tiers exhausted"
             return self._move(inc, S.ESCALATED, event, f"escalated to a human: {why}")
         if c.action not in TIER_ACTIONS:
             return []
@@ -217,9 +216,8 @@ class IncidentBook:
         a restart-storm stop): the incident that holds its rank, else the latest one already
         acting. Incidents closed within the join window still take it (it is their tail)."""
         rank = event.subject.rank
-        named = c.params.get("rank")
-        if rank is None and isinstance(named, int) and not isinstance(named, bool):
-            rank = named
+        if rank is None:
+            rank = c.params.rank
         t = event.event_time
         candidates = [i for i in self.incidents.values() if i.commands and (
             not i.terminal or (i.closed_at is not None
@@ -240,7 +238,7 @@ class IncidentBook:
         if inc.terminal:
             return []
         if (ref.action is CommandAction.RESUME and o.status in FAILED_STATUSES
-                and not o.data.get(OUTCOME_RETRY)):  # a retryable refusal: the policy retries
+                and o.retry is None):  # a retryable refusal: the policy retries
             return self._move(inc, S.UNRECOVERABLE, event,
                               f"resume {o.status.value}: {o.detail or 'no detail'}")
         return self._settle(inc, event)

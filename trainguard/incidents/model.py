@@ -6,7 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import CommandAction, IncidentState, OutcomeStatus, Severity
+from trainguard.events.payloads import (
+    ActionParams,
+    CommandAction,
+    EscalateParams,
+    IncidentState,
+    MigrateParams,
+    OutcomeStatus,
+    Severity,
+    VerdictKind,
+)
 
 TERMINAL = frozenset({IncidentState.RECOVERED, IncidentState.UNRECOVERABLE})
 HEAVY_ACTIONS = frozenset({CommandAction.MIGRATE, CommandAction.RESUME})
@@ -24,7 +33,7 @@ FINAL_STATUSES = frozenset({OutcomeStatus.DONE, OutcomeStatus.FAILED, OutcomeSta
 class VerdictRef:
     verdict_id: str
     rule: str
-    kind: str
+    kind: VerdictKind
     severity: Severity
     subject: Subject
     first_time: int
@@ -51,7 +60,7 @@ class CommandRef:
     issued_time: int
     event_id: str
     subject: Subject
-    params: dict[str, object] = field(default_factory=dict)
+    params: ActionParams = field(default_factory=EscalateParams)
     outcomes: list[OutcomeRef] = field(default_factory=list)
 
     @property
@@ -153,9 +162,8 @@ class Incident:
         for c in self.heavy_commands():
             if c.subject.rank is not None:
                 out.add(c.subject.rank)
-            many = c.params.get("ranks")
-            if isinstance(many, list):
-                out |= {r for r in many if isinstance(r, int) and not isinstance(r, bool)}
+            if isinstance(c.params, MigrateParams):
+                out |= set(c.params.ranks)
         return out
 
     @property

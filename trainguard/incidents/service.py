@@ -18,15 +18,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
-from trainguard.bus.producer import EventProducer
+from trainguard.bus.protocol import Bus
 from trainguard.events.envelope import Event
 from trainguard.events.topics import TopicRole
 from trainguard.incidents.live import LiveIncidents
 from trainguard.incidents.query import canonical
 from trainguard.incidents.settings import IncidentSettings
-from trainguard.incidents.source import order, read_topics
+from trainguard.incidents.source import order
 
 log = logging.getLogger(__name__)
 INPUT_ROLES = (TopicRole.TASK, TopicRole.VERDICTS, TopicRole.COMMANDS, TopicRole.OUTCOMES)
@@ -78,26 +76,25 @@ class Publisher:
         self.stats.published += len(futures)
 
 
-async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
+async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                 group: str | None = None, idle_flush_s: float = 5.0,
                 stop: asyncio.Event | None = None, stats: ServiceStats | None = None
                 ) -> ServiceStats:
     stats = stats or ServiceStats()
     stop = stop or asyncio.Event()
     live = LiveIncidents(settings)
-    known = {e.event_id: canonical(e)
-             for e in (await read_topics(cfg, [TopicRole.INCIDENTS])).events
+    known = {e.event_id: canonical(e) for e in await bus.read([TopicRole.INCIDENTS])
              if e.type == "incident.transition"}
-    producer = EventProducer(cfg)
+    producer = bus.producer()
     await producer.start()
-    consumer = EventConsumer(cfg, INPUT_ROLES, group_id=group or f"{cfg.topic_prefix}-incidents",
-                             name="incidents", dlq=producer, from_offset="earliest")
+    consumer = bus.consumer(INPUT_ROLES, group_id=group or f"{bus.names.prefix}-incidents",
+                            name="incidents", dlq=producer, from_offset="earliest")
     try:
         publisher = Publisher(producer, known, stats)
-        history = await read_topics(cfg, INPUT_ROLES)
+        history = await bus.read(INPUT_ROLES)
         out: list[Event] = []
         # topic by topic is not an arrival order within any lateness: time order is
-        for ev in order(history.events):
+        for ev in order(history):
             try:
                 out += live.feed(ev)
             except Exception as exc:  # the live consumer below dead-letters it
@@ -105,10 +102,10 @@ async def serve(cfg: KafkaConfig, *, settings: IncidentSettings | None = None,
                           ev.event_id, type(exc).__name__, exc)
                 log.debug("incidents: the traceback", exc_info=exc)
         out += live.catch_up()
-        stats.consumed += len(history.events)
+        stats.consumed += len(history)
         await publisher.publish(out)
         log.info("incidents: rebuilt from %d events, %d transitions known",
-                 len(history.events), len(known))
+                 len(history), len(known))
         await consumer.start()
         loop = asyncio.get_running_loop()
         last_input = loop.time()

@@ -13,13 +13,14 @@ from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
+    ActionParams,
     CheckpointAction,
     CheckpointEvent,
     Command,
-    CommandAction,
     CommandOutcome,
     GpuSample,
     Injection,
+    MigrateParams,
     NicSample,
     NodeTelemetry,
     OutcomeStatus,
@@ -27,9 +28,12 @@ from trainguard.events.payloads import (
     PeerPath,
     PoolUnit,
     ProcessExit,
+    RaiseQuotaParams,
+    ResumeParams,
     StepReport,
     UnitState,
     Verdict,
+    VerdictKind,
     VerdictState,
 )
 from trainguard.incidents.model import order_key
@@ -181,19 +185,19 @@ def decisions(sc: Scenario, verdicts: list[Event]) -> list[Event]:
         assert isinstance(p, Verdict)
         if p.state is not VerdictState.OPEN:
             continue
-        if p.kind == "straggler" and p.severity.value != "info":
-            out += _command(sc, v, CommandAction.RAISE_QUOTA, 1, [(OutcomeStatus.DONE, 300)],
-                            {"rank": v.subject.rank, "quota_pct": 200})
-        if p.kind == "process_exit" and v.subject.rank == sc.kill_rank:
+        if p.kind is VerdictKind.STRAGGLER and p.severity.value != "info":
+            out += _command(sc, v, 1, [(OutcomeStatus.DONE, 300)],
+                            RaiseQuotaParams(rank=v.subject.rank, quota_pct=200))
+        if p.kind is VerdictKind.PROCESS_EXIT and v.subject.rank == sc.kill_rank:
             out += _migrate_and_resume(sc, v)
     return out
 
 
-def _command(sc: Scenario, cause: Event, action: CommandAction, tier: int,
-             outcomes: list[tuple[OutcomeStatus, int]], params: dict[str, object],
-             after_ms: int = 200) -> list[Event]:
+def _command(sc: Scenario, cause: Event, tier: int, outcomes: list[tuple[OutcomeStatus, int]],
+             params: ActionParams, after_ms: int = 200) -> list[Event]:
     p = cause.payload
     assert isinstance(p, Verdict)
+    action = params.action
     cid = derived_id("cmd", p.verdict_id, action.value)
     t = cause.event_time + after_ms * MS
     cmd = Command(command_id=cid, idempotency_key=cid, action=action, tier=tier, issued_at=t,
@@ -216,8 +220,8 @@ def _migrate_and_resume(sc: Scenario, cause: Event) -> list[Event]:
     r = sc.kill_rank
     resume_at = sc.kill_time + sc.recovery_us
     since = (resume_at - cause.event_time) // MS
-    out = _command(sc, cause, CommandAction.MIGRATE, 2, [(OutcomeStatus.DONE, 1600)],
-                   {"rank": r, "to_unit": f"{sc.spare_node}/cpu0-3"}, after_ms=150)
+    out = _command(sc, cause, 2, [(OutcomeStatus.DONE, 1600)],
+                   MigrateParams(rank=r, ranks=[r], reason=VerdictKind.PROCESS_EXIT), after_ms=150)
     mig = out[0].payload
     assert isinstance(mig, Command)
     t = mig.issued_at
@@ -239,9 +243,9 @@ def _migrate_and_resume(sc: Scenario, cause: Event) -> list[Event]:
                                 epoch=1, pid=_pid(rank, 1), command_id=mig.command_id),
                        sc.job, t + (1400 + 10 * i) * MS, ("pool", unit, "bound"),
                        Subject(unit=unit, rank=rank), "actuator"))
-    out += _command(sc, cause, CommandAction.RESUME, 3,
-                    [(OutcomeStatus.DONE, since - 1700 - 300)],
-                    {"checkpoint_step": sc.last_checkpoint}, after_ms=1700)
+    out += _command(sc, cause, 3, [(OutcomeStatus.DONE, since - 1700 - 300)],
+                    ResumeParams(reason=f"from checkpoint step {sc.last_checkpoint}"),
+                    after_ms=1700)
     return out
 
 

@@ -16,6 +16,7 @@ from trainguard.events.payloads import (
     ProcessState,
     StepReport,
     Verdict,
+    VerdictKind,
     VerdictState,
 )
 from trainguard.events.topics import TopicNames
@@ -23,8 +24,6 @@ from trainguard.metrics.expiry import SeriesExpiry
 from trainguard.metrics.incidents import OpenIncidents
 from trainguard.metrics.registry import PipelineMetrics
 
-STRAGGLER_KINDS = frozenset({"straggler"})
-EXTERNAL_FAULT_KINDS = frozenset({"external_fault"})
 US = 1_000_000
 
 
@@ -102,12 +101,12 @@ class Recorder:
                 self.expiry.set(self.metrics.rank_info, labels, 1, event.event_time)
 
     def _verdict(self, event: Event, p: Verdict) -> None:
-        self.metrics.verdicts.labels(p.kind, p.state.value, p.severity.value).inc()
-        if p.kind in EXTERNAL_FAULT_KINDS:
+        self.metrics.verdicts.labels(p.kind.value, p.state.value, p.severity.value).inc()
+        if p.kind is VerdictKind.EXTERNAL_FAULT:
             self._external_fault(event, p)
             return
         rank = event.subject.rank
-        if p.kind not in STRAGGLER_KINDS or rank is None:
+        if p.kind is not VerdictKind.STRAGGLER or rank is None:
             return
         labels = (event.job_id, str(rank))
         ratio = p.evidence.get("ratio")

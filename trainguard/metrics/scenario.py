@@ -54,26 +54,26 @@ def episode(job_id: str, t0: int, tag: str = "a", *, leave_open: bool = False,
                 log.add(p.CheckpointEvent(action=action, step=step, samples_consumed=128,
                                           path=f"/ckpt/{job_id}/step-{step}"),
                         t0 + step * S + 500_000, Subject(rank=0), f"sdk@{node}")
-    _incident(log, t0, "straggler", 2, "warning", {"ratio": 4.0}, tiers=[
+    _incident(log, t0, p.VerdictKind.STRAGGLER, 2, "warning", {"ratio": 4.0}, tiers=[
         (1, p.CommandAction.RAISE_QUOTA, [p.OutcomeStatus.ACCEPTED, p.OutcomeStatus.DONE])],
         at=5, recover_at=9)
     log.add(p.ProcessExit(pid=4243, rank=3, signal=9, detected_by="pidfd"), t0 + 9 * S,
             Subject(node=node, rank=3), f"agent@{node}")
-    _incident(log, t0, "process_exit", 3, "critical", {"signal": 9}, tiers=[
+    _incident(log, t0, p.VerdictKind.PROCESS_EXIT, 3, "critical", {"signal": 9}, tiers=[
         (2, p.CommandAction.MIGRATE, [p.OutcomeStatus.ACCEPTED, p.OutcomeStatus.FAILED]),
         (3, p.CommandAction.RESUME, [p.OutcomeStatus.ACCEPTED, p.OutcomeStatus.DONE])],
         at=9, recover_at=11)
-    _incident(log, t0, "xid", 0, "critical", {"xid": 79}, tiers=[
+    _incident(log, t0, p.VerdictKind.XID_DRAIN, 0, "critical", {"xid": 79}, tiers=[
         (3, p.CommandAction.RESUME, [p.OutcomeStatus.ACCEPTED, p.OutcomeStatus.FAILED]),
         (0, p.CommandAction.ESCALATE, [p.OutcomeStatus.DONE])],
         at=7, recover_at=10, end=p.IncidentState.ESCALATED)
     if leave_open:
-        _incident(log, t0, "straggler", 1, "warning", {"ratio": 2.5}, tiers=[], at=10,
+        _incident(log, t0, p.VerdictKind.STRAGGLER, 1, "warning", {"ratio": 2.5}, tiers=[], at=10,
                   recover_at=None)
     return log.events
 
 
-def _incident(log: _Log, t0: int, kind: str, rank: int, severity: str,
+def _incident(log: _Log, t0: int, kind: p.VerdictKind, rank: int, severity: str,
               evidence: dict[str, float | int], *,
               tiers: list[tuple[int, p.CommandAction, list[p.OutcomeStatus]]], at: int,
               recover_at: int | None,
@@ -105,8 +105,11 @@ def _incident(log: _Log, t0: int, kind: str, rank: int, severity: str,
         if action is not p.CommandAction.ESCALATE:
             move(p.IncidentState.MITIGATING, when, tier=tier, reason=action.value)
         cid = derived_id("command", iid, tier)
+        params = {"rank": rank, "ranks": [rank]} if action is p.CommandAction.MIGRATE else {
+            "rank": rank}
         log.add(p.Command(command_id=cid, idempotency_key=cid, action=action, tier=tier,
-                          issued_at=when, issued_by="decider", cause_verdict_ids=[verdict_id]),
+                          issued_at=when, issued_by="decider", cause_verdict_ids=[verdict_id],
+                          params=params),
                 when, subject, "decider")
         for status in statuses:
             when += 250_000

@@ -62,7 +62,7 @@ def verdict_doc(e: Event) -> dict[str, Any]:
     p = e.payload
     assert isinstance(p, Verdict)
     return {"event_id": e.event_id, "verdict_id": p.verdict_id, "job_id": e.job_id,
-            "rule": p.rule, "kind": p.kind, "state": p.state.value,
+            "rule": p.rule, "kind": p.kind.value, "state": p.state.value,
             "severity": p.severity.value, "subject": e.subject.model_dump(exclude_none=True),
             "event_time": e.event_time, "first_anomalous_time": p.first_anomalous_time,
             "decided_time": p.decided_time, "rules_version": p.rules_version,

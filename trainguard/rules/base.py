@@ -17,7 +17,7 @@ import orjson
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
-from trainguard.events.payloads import Severity, Verdict, VerdictState
+from trainguard.events.payloads import Severity, Verdict, VerdictKind, VerdictState
 from trainguard.rules.schema import RuleSpec
 
 SOURCE = "trainguard.rules"
@@ -67,17 +67,21 @@ class VerdictBook:
     verdict stream has exactly one OPEN and at most one RESOLVED per anomaly.
     """
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, kinds: frozenset[VerdictKind] = frozenset(VerdictKind)
+                 ) -> None:
         self.ctx = ctx
+        self.kinds = kinds  # what the rule declares it emits: anything else is a bug
         self.open: dict[str, dict[str, Any]] = {}
 
     def is_open(self, key: str) -> bool:
         return key in self.open
 
-    def raise_(self, key: str, *, kind: str, subject: Subject, severity: Severity | None,
-               first_time: int, decided_time: int, evidence: Evidence) -> list[Event]:
+    def raise_(self, key: str, *, kind: VerdictKind, subject: Subject,
+               severity: Severity | None, first_time: int, decided_time: int,
+               evidence: Evidence) -> list[Event]:
         if key in self.open:
             return []
+        self._declared(kind)
         sev = severity or self.ctx.rule.severity
         vid = derived_id(self.ctx.rule.id, self.ctx.job_id, key, first_time)
         self.open[key] = {"id": vid, "kind": kind, "sev": sev.value, "first": first_time,
@@ -85,11 +89,13 @@ class VerdictBook:
         return [self._event(vid, kind, VerdictState.OPEN, sev, subject, first_time,
                             decided_time, evidence)]
 
-    def preview(self, key: str, *, kind: str, subject: Subject, severity: Severity | None,
-                first_time: int, decided_time: int, evidence: Evidence) -> list[Event]:
+    def preview(self, key: str, *, kind: VerdictKind, subject: Subject,
+                severity: Severity | None, first_time: int, decided_time: int,
+                evidence: Evidence) -> list[Event]:
         """What ``raise_`` would return now, changing nothing (the engine's prompt lane)."""
         if key in self.open:
             return []
+        self._declared(kind)
         sev = severity or self.ctx.rule.severity
         vid = derived_id(self.ctx.rule.id, self.ctx.job_id, key, first_time)
         return [self._event(vid, kind, VerdictState.OPEN, sev, subject, first_time,
@@ -108,11 +114,17 @@ class VerdictBook:
         doc = self.open.pop(key, None)
         if doc is None:
             return []
-        return [self._event(doc["id"], doc["kind"], VerdictState.RESOLVED, Severity(doc["sev"]),
+        return [self._event(doc["id"], VerdictKind(doc["kind"]), VerdictState.RESOLVED,
+                            Severity(doc["sev"]),
                             Subject(**doc["subject"]), doc["first"], decided_time, evidence)]
 
-    def _event(self, vid: str, kind: str, state: VerdictState, sev: Severity, subject: Subject,
-               first_time: int, decided_time: int, evidence: Evidence) -> Event:
+    def _declared(self, kind: VerdictKind) -> None:
+        if kind not in self.kinds:
+            raise ValueError(f"rule {self.ctx.rule.id}: verdict kind {kind.value} is not among "
+                             f"the kinds its evaluator declares")
+
+    def _event(self, vid: str, kind: VerdictKind, state: VerdictState, sev: Severity,
+               subject: Subject, first_time: int, decided_time: int, evidence: Evidence) -> Event:
         payload = Verdict(verdict_id=vid, rule=self.ctx.rule.id, kind=kind, state=state,
                           severity=sev, first_anomalous_time=first_time,
                           decided_time=decided_time, evidence=evidence,
@@ -130,12 +142,13 @@ class RuleBase:
     """
 
     types: frozenset[str] = frozenset()
+    kinds: frozenset[VerdictKind] = frozenset()  # every verdict kind the rule can open
     prompt_types: frozenset[str] = frozenset()  # types ``prompt`` answers for
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.p = ctx.rule.params
-        self.book = VerdictBook(ctx)
+        self.book = VerdictBook(ctx, self.kinds)
         self.s: dict[str, Any] = self.initial_state()
 
     def initial_state(self) -> dict[str, Any]:

@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import NodeHealth, NodeHealthKind
+from trainguard.events.payloads import NodeHealth, NodeHealthKind, VerdictKind
 from trainguard.rules.base import RuleBase
 
 MESSAGE_EVIDENCE = 240
 
 
 class ExternalFaultRule(RuleBase):
+    kinds = frozenset({VerdictKind.EXTERNAL_FAULT})
     types = frozenset({"node.health"})
     prompt_types = frozenset({"node.health"})
 
@@ -40,7 +41,7 @@ class ExternalFaultRule(RuleBase):
         cls = h.fault_class or "unknown"
         t = event.event_time
         return f"{node}|{cls}", {
-            "kind": "external_fault", "subject": Subject(node=node), "severity": None,
+            "kind": VerdictKind.EXTERNAL_FAULT, "subject": Subject(node=node), "severity": None,
             "first_time": t, "decided_time": t,
             "evidence": {"fault_class": cls, "code": h.code, "origin": h.origin,
                          "message": h.message[:MESSAGE_EVIDENCE]}}

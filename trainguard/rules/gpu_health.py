@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import GpuSample, NodeTelemetry, Severity
+from trainguard.events.payloads import GpuSample, NodeTelemetry, Severity, VerdictKind
 from trainguard.rules.base import RuleBase, VerdictBook, num
 
 
@@ -26,7 +26,7 @@ def _gpu_key(node: str, gpu: int) -> str:
 
 
 def _sustain(book: VerdictBook, counters: dict[str, list[int]], key: str, bad: bool, t: int,
-             sustain: int, clear: int, *, kind: str, subject: Callable[[], Subject],
+             sustain: int, clear: int, *, kind: VerdictKind, subject: Callable[[], Subject],
              severity: Severity | None, evidence: Callable[[], dict[str, Any]]) -> list[Event]:
     """Open after ``sustain`` bad samples in a row, resolve after ``clear`` good ones.
     counters[key] = [bad run, good run, first bad time]. Subject and evidence are built only
@@ -55,6 +55,7 @@ def _sustain(book: VerdictBook, counters: dict[str, list[int]], key: str, bad: b
 
 
 class ThrottleRule(RuleBase):
+    kinds = frozenset({VerdictKind.THERMAL_THROTTLE, VerdictKind.POWER_THROTTLE})
     types = frozenset({"telemetry.node"})
 
     def initial_state(self) -> dict[str, Any]:
@@ -79,11 +80,12 @@ class ThrottleRule(RuleBase):
             key = _gpu_key(node, g.index)
             if thermal or f"thermal:{key}" in runs:
                 out.extend(_sustain(self.book, runs, f"thermal:{key}", thermal, t, sustain,
-                                    clear, kind="thermal_throttle", subject=_subject(node, g),
+                                    clear, kind=VerdictKind.THERMAL_THROTTLE,
+                                    subject=_subject(node, g),
                                     severity=None, evidence=_throttle_evidence(g)))
             if power or f"power:{key}" in runs:
                 out.extend(_sustain(self.book, runs, f"power:{key}", power, t, sustain, clear,
-                                    kind="power_throttle", subject=_subject(node, g),
+                                    kind=VerdictKind.POWER_THROTTLE, subject=_subject(node, g),
                                     severity=None, evidence=_throttle_evidence(g)))
         return out
 
@@ -105,6 +107,8 @@ def _throttle_evidence(g: GpuSample) -> Callable[[], dict[str, Any]]:
 
 
 class EccRule(RuleBase):
+    kinds = frozenset({VerdictKind.ECC_DBE, VerdictKind.ECC_SBE_RATE,
+                       VerdictKind.ROW_REMAP_FAILURE, VerdictKind.ROW_REMAP_PENDING})
     types = frozenset({"telemetry.node"})
 
     def initial_state(self) -> dict[str, Any]:
@@ -117,7 +121,7 @@ class EccRule(RuleBase):
             out.extend(self._gpu(node, g, event.event_time))
         return out
 
-    def _flag(self, key: str, bad: bool | None, kind: str, subject: Callable[[], Subject],
+    def _flag(self, key: str, bad: bool | None, kind: VerdictKind, subject: Callable[[], Subject],
               sev: Severity | None, t: int, evidence: dict[str, Any]) -> list[Event]:
         if bad is None:
             return []
@@ -146,11 +150,11 @@ class EccRule(RuleBase):
                               "remapped_rows_failure": g.remapped_rows_failure,
                               "remapped_rows_pending": g.remapped_rows_pending}
         dbe = None if g.ecc_dbe_volatile is None else g.ecc_dbe_volatile > self.p["dbe_max"]
-        out = self._flag(f"dbe:{key}", dbe, "ecc_dbe", subject, None, t, ev)
-        out += self._flag(f"remap_fail:{key}", g.remapped_rows_failure, "row_remap_failure",
-                          subject, None, t, ev)
-        out += self._flag(f"remap_pending:{key}", g.remapped_rows_pending, "row_remap_pending",
-                          subject, Severity.WARNING, t, ev)
+        out = self._flag(f"dbe:{key}", dbe, VerdictKind.ECC_DBE, subject, None, t, ev)
+        out += self._flag(f"remap_fail:{key}", g.remapped_rows_failure,
+                          VerdictKind.ROW_REMAP_FAILURE, subject, None, t, ev)
+        out += self._flag(f"remap_pending:{key}", g.remapped_rows_pending,
+                          VerdictKind.ROW_REMAP_PENDING, subject, Severity.WARNING, t, ev)
         if g.ecc_sbe_volatile is not None:
             out += self._sbe(key, subject, g.ecc_sbe_volatile, t, ev)
         return out
@@ -166,5 +170,6 @@ class EccRule(RuleBase):
             return []
         rate = (count - anchor[1]) / (span / 3.6e9)
         self.s["sbe"][key] = [t, count]
-        return self._flag(f"sbe:{key}", rate > self.p["sbe_rate_per_hour"], "ecc_sbe_rate",
-                          subject, Severity.WARNING, t, {**ev, "sbe_per_hour": num(rate)})
+        return self._flag(f"sbe:{key}", rate > self.p["sbe_rate_per_hour"],
+                          VerdictKind.ECC_SBE_RATE, subject, Severity.WARNING, t,
+                          {**ev, "sbe_per_hour": num(rate)})

@@ -12,11 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import NodeHealth, NodeHealthKind, NodeTelemetry, Severity
+from trainguard.events.payloads import (
+    NodeHealth,
+    NodeHealthKind,
+    NodeTelemetry,
+    Severity,
+    VerdictKind,
+)
 from trainguard.rules.base import RuleBase
 
 
 class LinkRule(RuleBase):
+    kinds = frozenset({VerdictKind.LINK_DOWN, VerdictKind.LINK_FLAPPING})
     types = frozenset({"node.health", "telemetry.node"})
     prompt_types = frozenset({"node.health"})
 
@@ -63,7 +70,7 @@ class LinkRule(RuleBase):
         lk = self.s["links"].get(f"{node}|{link}")
         if lk is not None and lk["up"] is False:
             return []  # already down: the transition was decided before
-        return self.book.preview(f"down:{node}|{link}", kind="link_down",
+        return self.book.preview(f"down:{node}|{link}", kind=VerdictKind.LINK_DOWN,
                                  subject=Subject(node=node, link=link), severity=None,
                                  first_time=event.event_time, decided_time=event.event_time,
                                  evidence={"origin": h.origin})
@@ -84,7 +91,7 @@ class LinkRule(RuleBase):
             if lk["up"] is not None or transition:
                 lk["tr"].append(t)
             if not up and (lk["up"] is True or transition):
-                out.extend(self.book.raise_(f"down:{key}", kind="link_down",
+                out.extend(self.book.raise_(f"down:{key}", kind=VerdictKind.LINK_DOWN,
                                             subject=Subject(node=node, link=link),
                                             severity=None, first_time=t, decided_time=t,
                                             evidence={"origin": origin}))
@@ -96,7 +103,7 @@ class LinkRule(RuleBase):
         lk["tr"] = [x for x in lk["tr"] if t - x <= window]
         count = len(lk["tr"])
         if count >= int(self.p["flap_count"]) and not self.book.is_open(f"flap:{key}"):
-            out.extend(self.book.raise_(f"flap:{key}", kind="link_flapping",
+            out.extend(self.book.raise_(f"flap:{key}", kind=VerdictKind.LINK_FLAPPING,
                                         subject=Subject(node=node, link=link),
                                         severity=Severity.WARNING, first_time=lk["tr"][0],
                                         decided_time=t,

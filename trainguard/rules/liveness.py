@@ -21,9 +21,11 @@ from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import (
     CheckpointAction,
     CheckpointEvent,
+    ExitEvidence,
     Heartbeat,
     ProcessExit,
     StepReport,
+    VerdictKind,
 )
 from trainguard.rules.base import RuleBase, num
 from trainguard.rules.stats import median
@@ -32,6 +34,7 @@ _INTERVALS = 64
 
 
 class LivenessRule(RuleBase):
+    kinds = frozenset({VerdictKind.RANK_SILENT})
     types = frozenset({"step.report", "heartbeat", "process.exit", "telemetry.node",
                        "node.health", "checkpoint"})
 
@@ -101,7 +104,7 @@ class LivenessRule(RuleBase):
             if t - last > timeout and rank not in s["exited"] and not self.book.is_open(key):
                 med = median(s["iv"]) / 1000 if s["iv"] else None
                 out.extend(self.book.raise_(
-                    key, kind="rank_silent", subject=Subject(rank=int(rank),
+                    key, kind=VerdictKind.RANK_SILENT, subject=Subject(rank=int(rank),
                                                              node=s["node"].get(rank)),
                     severity=None, first_time=last, decided_time=t,
                     evidence={"silent_ms": num((t - last) / 1000),
@@ -111,6 +114,7 @@ class LivenessRule(RuleBase):
 
 
 class ProcessExitRule(RuleBase):
+    kinds = frozenset({VerdictKind.PROCESS_EXIT})
     types = frozenset({"process.exit", "step.report"})
     prompt_types = frozenset({"process.exit"})
 
@@ -141,9 +145,10 @@ class ProcessExitRule(RuleBase):
             return None
         key = f"rank:{ex.rank}" if ex.rank is not None else f"pid:{event.subject.node}:{ex.pid}"
         t = event.event_time
-        return key, {"kind": "process_exit", "subject": Subject(node=event.subject.node,
+        return key, {"kind": VerdictKind.PROCESS_EXIT, "subject": Subject(node=event.subject.node,
                                                                 rank=ex.rank),
                      "severity": None, "first_time": t, "decided_time": t,
-                     "evidence": {"pid": ex.pid, "exit_code": ex.exit_code, "signal": ex.signal,
+                     "evidence": {**ExitEvidence(pid=ex.pid, exit_code=ex.exit_code,
+                                                 signal=ex.signal).as_evidence(),
                                   "detected_by": ex.detected_by,
                                   "binding_epoch": ex.binding_epoch}}

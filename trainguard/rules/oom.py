@@ -26,6 +26,7 @@ from trainguard.events.payloads import (
     ProcessExit,
     Severity,
     StepReport,
+    VerdictKind,
 )
 from trainguard.rules.base import RuleBase
 
@@ -33,6 +34,7 @@ MESSAGE_EVIDENCE = 240
 
 
 class OomKillRule(RuleBase):
+    kinds = frozenset({VerdictKind.OOM_KILL, VerdictKind.OOM_KILL_PROCESS})
     types = frozenset({"node.health", "step.report", "heartbeat", "process.exit",
                        "telemetry.node"})
 
@@ -91,12 +93,12 @@ class OomKillRule(RuleBase):
                                     "message": h.message[:MESSAGE_EVIDENCE]}
         rank = self._rank_of(pid, node)
         if rank is not None:
-            return self.book.raise_(f"rank:{rank}", kind="oom_kill",
+            return self.book.raise_(f"rank:{rank}", kind=VerdictKind.OOM_KILL,
                                     subject=Subject(node=node, rank=rank), severity=None,
                                     first_time=t, decided_time=t, evidence=evidence)
         key = f"node:{node}"
         self.s["last"][key] = t
-        return self.book.raise_(key, kind="oom_kill_process", subject=Subject(node=node),
+        return self.book.raise_(key, kind=VerdictKind.OOM_KILL_PROCESS, subject=Subject(node=node),
                                 severity=self._process_severity(), first_time=t,
                                 decided_time=t, evidence=evidence)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from trainguard.events.envelope import Event
-from trainguard.events.payloads import NodeTelemetry
+from trainguard.events.payloads import NodeTelemetry, VerdictKind
 from trainguard.rules.base import RuleBase, num
 from trainguard.rules.gpu_health import _sustain, gpu_subject
 from trainguard.rules.stats import mad, median, robust_z
@@ -25,6 +25,7 @@ _DIRECTION = {"temperature_c": 1, "sm_clock_mhz": -1, "power_w": 0,
 
 
 class HwOutlierRule(RuleBase):
+    kinds = frozenset({VerdictKind.HW_OUTLIER})
     types = frozenset({"telemetry.node"})
 
     def initial_state(self) -> dict[str, Any]:
@@ -111,7 +112,7 @@ class HwOutlierRule(RuleBase):
                 continue
             out.extend(_sustain(self.book, runs, key, bool(hits), t,
                                 int(p["sustain_samples"]), int(p["clear_samples"]),
-                                kind="hw_outlier",
+                                kind=VerdictKind.HW_OUTLIER,
                                 subject=gpu_subject(node, index), severity=None,
                                 evidence=_evidence(hits, row[1], util_med, peers)))
         return out

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from trainguard.rules.base import Context, RuleBase
+from trainguard.rules.base import RuleBase
 from trainguard.rules.external import ExternalFaultRule
 from trainguard.rules.gpu_health import EccRule, ThrottleRule
 from trainguard.rules.link import LinkRule
@@ -17,7 +15,7 @@ from trainguard.rules.straggler import StragglerRule
 from trainguard.rules.training import TrainingHealthRule
 from trainguard.rules.xid import XidRule
 
-EVALUATORS: dict[str, Callable[[Context], RuleBase]] = {
+EVALUATORS: dict[str, type[RuleBase]] = {
     "straggler": StragglerRule,
     "job_slowdown": JobSlowdownRule,
     "stage_imbalance": StageImbalanceRule,

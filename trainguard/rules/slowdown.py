@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepReport
+from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepReport, VerdictKind
 from trainguard.rules import steps
 from trainguard.rules.base import RuleBase, num
 from trainguard.rules.stats import median
@@ -35,6 +35,7 @@ def _checkpoint(event: Event, groups: list[dict[str, Any]]) -> bool:
 
 
 class JobSlowdownRule(RuleBase):
+    kinds = frozenset({VerdictKind.JOB_SLOWDOWN})
     types = frozenset({"step.report", "checkpoint"})
 
     def initial_state(self) -> dict[str, Any]:
@@ -88,7 +89,7 @@ class JobSlowdownRule(RuleBase):
             hits = [f for f in flags if f[0]]
             if len(hits) >= int(p["k"]):
                 s["calm"] = 0
-                return self.book.raise_("job", kind="job_slowdown", subject=Subject(),
+                return self.book.raise_("job", kind=VerdictKind.JOB_SLOWDOWN, subject=Subject(),
                                         severity=None, first_time=int(hits[0][1]),
                                         decided_time=time, evidence=evidence)
             return []
@@ -100,6 +101,7 @@ class JobSlowdownRule(RuleBase):
 
 
 class StageImbalanceRule(RuleBase):
+    kinds = frozenset({VerdictKind.STAGE_IMBALANCE})
     types = frozenset({"step.report", "checkpoint"})
 
     def initial_state(self) -> dict[str, Any]:
@@ -148,7 +150,7 @@ class StageImbalanceRule(RuleBase):
             hits = [f for f in flags if f[0]]
             if len(hits) >= int(p["k"]):
                 s["calm"][stage] = 0
-                return self.book.raise_(key, kind="stage_imbalance",
+                return self.book.raise_(key, kind=VerdictKind.STAGE_IMBALANCE,
                                         subject=Subject(unit=f"pp_stage:{stage}"),
                                         severity=None, first_time=int(hits[0][1]),
                                         decided_time=time, evidence=evidence)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import NodeTelemetry, StepReport
+from trainguard.events.payloads import NodeTelemetry, StepReport, VerdictKind
 from trainguard.rules import steps
 from trainguard.rules.base import RuleBase, num
 from trainguard.rules.stats import median
@@ -27,6 +27,7 @@ def wait_share(rep: StepReport) -> float | None:
 
 
 class DataStarvationRule(RuleBase):
+    kinds = frozenset({VerdictKind.DATA_STARVATION})
     types = frozenset({"step.report", "telemetry.node"})
 
     def initial_state(self) -> dict[str, Any]:
@@ -74,7 +75,7 @@ class DataStarvationRule(RuleBase):
             if util is not None and util >= p["max_gpu_util_pct"]:
                 return []
             return self.book.raise_(
-                "data", kind="data_starvation", subject=Subject(unit="data-source"),
+                "data", kind=VerdictKind.DATA_STARVATION, subject=Subject(unit="data-source"),
                 severity=None, first_time=t, decided_time=t,
                 evidence={"starving_ranks": s["starving"], "ranks": ranks,
                           "median_wait_share": num(median(list(s["share"].values()))),

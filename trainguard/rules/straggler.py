@@ -26,7 +26,7 @@ import bisect
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepReport
+from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepReport, VerdictKind
 from trainguard.rules import steps
 from trainguard.rules.base import Evidence, RuleBase, num
 from trainguard.rules.stats import median_without
@@ -37,6 +37,7 @@ def stage_of(report: StepReport) -> str:
 
 
 class StragglerRule(RuleBase):
+    kinds = frozenset({VerdictKind.STRAGGLER})
     types = frozenset({"step.report", "checkpoint"})
 
     def initial_state(self) -> dict[str, Any]:
@@ -151,7 +152,7 @@ class StragglerRule(RuleBase):
                 ev["bursts"] = len(in_bursts)
                 ev["burst_steps"] = len(burst_list)
                 subject = Subject(rank=int(rank), node=s["node"].get(rank))
-                out.extend(self.book.raise_(key, kind="straggler", subject=subject,
+                out.extend(self.book.raise_(key, kind=VerdictKind.STRAGGLER, subject=subject,
                                             severity=None, first_time=int(over[0][1]),
                                             decided_time=time, evidence=ev))
             else:

@@ -13,12 +13,19 @@ import math
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import CheckpointAction, CheckpointEvent, Severity, StepReport
+from trainguard.events.payloads import (
+    CheckpointAction,
+    CheckpointEvent,
+    Severity,
+    StepReport,
+    VerdictKind,
+)
 from trainguard.rules.base import RuleBase, num
 from trainguard.rules.stats import median
 
 
 class TrainingHealthRule(RuleBase):
+    kinds = frozenset({VerdictKind.LOSS_NONFINITE, VerdictKind.LOSS_SPIKE_AFTER_RESUME})
     types = frozenset({"step.report", "checkpoint"})
 
     def initial_state(self) -> dict[str, Any]:
@@ -48,7 +55,7 @@ class TrainingHealthRule(RuleBase):
                  "step": rep.step, "rank": rep.rank}
         if not math.isfinite(loss):
             s["finite"] = 0
-            return self.book.raise_("nonfinite", kind="loss_nonfinite",
+            return self.book.raise_("nonfinite", kind=VerdictKind.LOSS_NONFINITE,
                                     subject=Subject(rank=rep.rank), severity=None,
                                     first_time=t, decided_time=t,
                                     evidence={**where, "loss": str(loss)})
@@ -79,7 +86,7 @@ class TrainingHealthRule(RuleBase):
             run[0] += 1
             run[1] = 0
             if run[0] >= int(p["sustain_reports"]):
-                return self.book.raise_("spike", kind="loss_spike_after_resume",
+                return self.book.raise_("spike", kind=VerdictKind.LOSS_SPIKE_AFTER_RESUME,
                                         subject=Subject(), severity=Severity.WARNING,
                                         first_time=run[2], decided_time=t, evidence=ev)
             return []

@@ -13,8 +13,17 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import NodeHealth, NodeHealthKind, NodeTelemetry, Severity
+from trainguard.events.payloads import (
+    NodeHealth,
+    NodeHealthKind,
+    NodeTelemetry,
+    Severity,
+    VerdictKind,
+)
 from trainguard.rules.base import RuleBase
+
+XID_KINDS = {"drain": VerdictKind.XID_DRAIN, "app": VerdictKind.XID_APP,
+             "other": VerdictKind.XID_OTHER}
 
 
 def xid_class(code: int, drain: list[int], app: list[int]) -> str:
@@ -26,6 +35,7 @@ def xid_class(code: int, drain: list[int], app: list[int]) -> str:
 
 
 class XidRule(RuleBase):
+    kinds = frozenset({VerdictKind.XID_DRAIN, VerdictKind.XID_APP, VerdictKind.XID_OTHER})
     types = frozenset({"node.health", "telemetry.node"})
     prompt_types = frozenset({"node.health"})
 
@@ -55,7 +65,7 @@ class XidRule(RuleBase):
         if xid_class(h.code, self.p["drain_codes"], self.p["app_codes"]) != "drain":
             return []
         node, gpu = event.subject.node, event.subject.gpu
-        return self.book.preview(f"drain:{node}:{gpu}", kind="xid_drain",
+        return self.book.preview(f"drain:{node}:{gpu}", kind=VerdictKind.XID_DRAIN,
                                  subject=Subject(node=node, gpu=gpu),
                                  severity=self.ctx.rule.severity, first_time=event.event_time,
                                  decided_time=event.event_time,
@@ -76,7 +86,7 @@ class XidRule(RuleBase):
                 self.p["other_severity"])
         if cls != "drain":
             self.s["last"][key] = t
-        return self.book.raise_(key, kind=f"xid_{cls}", subject=subject, severity=sev,
+        return self.book.raise_(key, kind=XID_KINDS[cls], subject=subject, severity=sev,
                                 first_time=t, decided_time=t, evidence=evidence)
 
     def _quiet(self, t: int) -> list[Event]:

@@ -228,7 +228,8 @@ def action_marks(inc: Incident, events: Sequence[Event]) -> list[Mark]:
         out.append(Mark("actions", f"tier {c.tier}", c.issued_time,
                         f"tier {c.tier} {c.action.value}: {status}{dur}",
                         end=final.time if final else None,
-                        detail=", ".join(f"{k}={v}" for k, v in sorted(c.params.items()))
+                        detail=", ".join(f"{k}={v}" for k, v in sorted(
+                            c.params.model_dump(mode="json", exclude_none=True).items()))
                         + (f"; {final.detail}" if final and final.detail else ""),
                         event_id=c.event_id,
                         level="good" if status == "done" else "bad" if final else "warn"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainguard.events.payloads import VerdictKind
+
 # Track order on the page and in the text, top to bottom.
 TRACKS: tuple[str, ...] = ("task", "network", "gpu", "resources", "actions", "detection")
 TRACK_TITLES = {"task": "Task (ranks, steps, checkpoints)",
@@ -72,7 +74,7 @@ class Timeline:
     answers: list[Answer]
     transitions: list[Step]
     marks: list[Mark]
-    verdict_kinds: list[str] = field(default_factory=list)
+    verdict_kinds: list[VerdictKind] = field(default_factory=list)
 
     def track(self, name: str) -> list[Mark]:
         return [m for m in self.marks if m.track == name]

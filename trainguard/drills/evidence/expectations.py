@@ -14,6 +14,7 @@ from trainguard.events.payloads import (
     PoolUnit,
     UnitState,
     Verdict,
+    VerdictKind,
 )
 
 
@@ -92,7 +93,8 @@ def expectations(log: JobLog, expect: Expect, lost_node: str | None = None) -> l
     return out
 
 
-def _no_incident(trans: list[Event], kinds: set[str], tolerate: tuple[str, ...]) -> Check:
+def _no_incident(trans: list[Event], kinds: set[VerdictKind],
+                 tolerate: tuple[VerdictKind, ...]) -> Check:
     """``incident: none``: nothing opened, or only incidents of tolerated verdict kinds that
     all recovered (whether the loop acted is the ``no_action`` check's)."""
     if not trans:

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from trainguard.drills.evidence.log import JobLog
-from trainguard.events.payloads import Command, CommandOutcome, UnitState, Verdict
+from trainguard.events.payloads import (
+    Command,
+    CommandOutcome,
+    FenceData,
+    RestartData,
+    UnitState,
+    Verdict,
+)
 
 
 def timings(log: JobLog, settle_steps: int) -> dict[str, float | int | None]:
@@ -36,8 +43,9 @@ def timings(log: JobLog, settle_steps: int) -> dict[str, float | int | None]:
     if new and old is not None:
         last_old = max((s.step for s in log.steps if s.epoch == old), default=0)
         redone = max(0, last_old - (new[0].step - 1))
-    fence_ms = [e.payload.data.get("fence_ms") for e in log.outcomes
-                if isinstance(e.payload, CommandOutcome) and e.event_time >= fault]
+    fence_ms = [e.payload.data.fence_ms for e in log.outcomes
+                if isinstance(e.payload, CommandOutcome) and e.event_time >= fault
+                and isinstance(e.payload.data, RestartData | FenceData)]
     return {
         "detected_s": since(min(verdicts) if verdicts else None),
         "first_command_s": since(min(cmds) if cmds else None),
@@ -46,5 +54,5 @@ def timings(log: JobLog, settle_steps: int) -> dict[str, float | int | None]:
         "first_step_after_s": since(after[0].time if after else None),
         "stable_s": since(stable_at),
         "steps_redone": redone,
-        "fence_ms": next((float(v) for v in fence_ms if isinstance(v, int | float)), None),
+        "fence_ms": next((v for v in fence_ms if v is not None), None),
     }

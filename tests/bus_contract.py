@@ -1,0 +1,196 @@
+"""One contract suite for every bus (as pyeventsourcing's tests/persistence.py runs one suite
+against every recorder): ``tests/unit/test_bus_memory.py`` runs it on the in-memory bus,
+``tests/integration/test_bus_kafka.py`` on the real broker. A subclass provides the ``bus``
+fixture and ``dead_letters``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from trainguard.bus.consumer import Delivered
+from trainguard.bus.dlq import DeadLetter
+from trainguard.bus.protocol import Bus, EventSource
+from trainguard.events.codec import make_event
+from trainguard.events.envelope import Event, Subject
+from trainguard.events.payloads import Heartbeat
+from trainguard.events.topics import TopicRole
+
+T = TypeVar("T")
+LIMIT_S = 45.0
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, LIMIT_S))
+
+
+def beat(job: str, n: int, ingest_time: int | None = None) -> Event:
+    return make_event(Heartbeat(rank=0, step=n), event_id=f"hb-{job}-{n:04d}", job_id=job,
+                      event_time=1_000_000 + n, source="contract", subject=Subject(rank=0),
+                      ingest_time=ingest_time)
+
+
+def steps(events: list[Event]) -> list[int | None]:
+    return [e.payload.step if isinstance(e.payload, Heartbeat) else None for e in events]
+
+
+async def poll_until(consumer: EventSource, n: int, limit_s: float = 30.0) -> list[Event]:
+    """Poll until ``n`` events came (or the limit: then what came, for the assertion)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    out: list[Event] = []
+    while len(out) < n and loop.time() < deadline:
+        out += [d.event for d in await consumer.poll(timeout_ms=200)]
+    return out
+
+
+class BusContract:
+    """The semantics of ``trainguard/bus/protocol.py``."""
+
+    def dead_letters(self, bus: Bus) -> list[DeadLetter]:
+        raise NotImplementedError
+
+    def test_a_jobs_events_keep_their_order_on_one_partition(self, bus: Bus) -> None:
+        async def go() -> None:
+            prod = bus.producer()
+            await prod.start()
+            sent = [beat(job, n) for n in range(6) for job in ("job-a", "job-b")]
+            for ev in sent:
+                await prod.send(ev)
+            consumer = bus.consumer([TopicRole.TASK], group_id=None, name="t", dlq=prod)
+            await consumer.start()
+            try:
+                got: list[Delivered] = []
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 30
+                while len(got) < len(sent) and loop.time() < deadline:
+                    got += await consumer.poll(timeout_ms=200)
+            finally:
+                await consumer.stop()
+                await prod.stop()
+            for job in ("job-a", "job-b"):
+                mine = [d for d in got if d.event.job_id == job]
+                assert [d.event.event_id for d in mine] == [
+                    e.event_id for e in sent if e.job_id == job]
+                assert len({d.partition for d in mine}) == 1
+                offsets = [d.offset for d in mine]
+                assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+        run(go())
+
+    def test_ingest_time_is_stamped_once_and_kept(self, bus: Bus) -> None:
+        async def go() -> list[Event]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                await prod.send(beat("job-a", 1))
+                await prod.send(beat("job-a", 2, ingest_time=7))
+            finally:
+                await prod.stop()
+            return await bus.read([TopicRole.TASK])
+        first, second = sorted(run(go()), key=lambda e: e.event_id)
+        assert first.ingest_time is not None and first.ingest_time > 7
+        assert second.ingest_time == 7
+
+    def test_a_group_goes_on_from_its_commit_and_only_from_its_commit(self, bus: Bus) -> None:
+        async def go() -> tuple[list[Event], list[Event], list[Event]]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                for n in range(3):
+                    await prod.send(beat("job-a", n))
+                a = bus.consumer([TopicRole.TASK], group_id="g1", name="a", dlq=prod)
+                await a.start()
+                first = await poll_until(a, 3)
+                await a.commit()
+                await a.stop()
+                for n in range(3, 5):
+                    await prod.send(beat("job-a", n))
+                b = bus.consumer([TopicRole.TASK], group_id="g1", name="b", dlq=prod)
+                await b.start()
+                second = await poll_until(b, 2)  # not committed: a restart sees them again
+                await b.stop()
+                c = bus.consumer([TopicRole.TASK], group_id="g1", name="c", dlq=prod)
+                await c.start()
+                third = await poll_until(c, 2)
+                await c.commit()
+                await c.stop()
+                return first, second, third
+            finally:
+                await prod.stop()
+        first, second, third = run(go())
+        assert steps(first) == [0, 1, 2]
+        assert steps(second) == [3, 4]
+        assert steps(third) == [3, 4]
+
+    def test_without_a_group_reading_starts_at_earliest_or_latest(self, bus: Bus) -> None:
+        async def go() -> tuple[list[Event], list[Event]]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                await prod.send(beat("job-a", 0))
+                early = bus.consumer([TopicRole.TASK], group_id=None, name="e", dlq=prod,
+                                     from_offset="earliest")
+                late = bus.consumer([TopicRole.TASK], group_id=None, name="l", dlq=prod,
+                                    from_offset="latest")
+                await early.start()
+                await late.start()
+                got_late = await poll_until(late, 1, limit_s=1.5)  # nothing new yet
+                await prod.send(beat("job-a", 1))
+                got_late += await poll_until(late, 1)
+                got_early = await poll_until(early, 2)
+                await early.stop()
+                await late.stop()
+                return got_early, got_late
+            finally:
+                await prod.stop()
+        got_early, got_late = run(go())
+        assert steps(got_early) == [0, 1]
+        assert steps(got_late) == [1]
+
+    def test_a_bad_record_is_dead_lettered_and_reading_goes_on(self, bus: Bus) -> None:
+        async def go() -> tuple[list[Event], int]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                await prod.send(beat("job-a", 0))
+                await prod.send_raw(bus.names.name(TopicRole.TASK), b"not an event",
+                                    key=b"job-a")
+                await prod.send(beat("job-a", 1))
+                consumer = bus.consumer([TopicRole.TASK], group_id=None, name="reader",
+                                        dlq=prod)
+                await consumer.start()
+                got = await poll_until(consumer, 2)
+                await consumer.stop()
+                return got, consumer.stats.dead_lettered
+            finally:
+                await prod.stop()
+        got, dead = run(go())
+        assert steps(got) == [0, 1]
+        assert dead == 1
+        (letter,) = self.dead_letters(bus)
+        assert letter.original_value() == b"not an event"
+        assert letter.consumer == "reader" and letter.source_offset == 1
+        assert letter.source_topic == bus.names.name(TopicRole.TASK)
+        assert letter.key_b64 is not None and letter.reason
+
+    def test_read_and_drain_give_everything_now_on_the_topics(self, bus: Bus) -> None:
+        async def go() -> tuple[list[Event], list[Event]]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                for n in range(4):
+                    await prod.send(beat(f"job-{n % 2}", n))
+                await prod.send_raw(bus.names.name(TopicRole.TASK), b"{}", key=b"job-0")
+                everything = await bus.read([TopicRole.TASK, TopicRole.VERDICTS])
+                consumer = bus.consumer([TopicRole.TASK], group_id=None, name="d", dlq=prod)
+                await consumer.start()
+                drained = [d.event for d in await consumer.drain(idle_ms=500, limit_s=30)]
+                await consumer.stop()
+                return everything, drained
+            finally:
+                await prod.stop()
+        everything, drained = run(go())
+        assert sorted(e.event_id for e in everything) == sorted(
+            beat(f"job-{n % 2}", n).event_id for n in range(4))
+        assert sorted(e.event_id for e in drained) == sorted(e.event_id for e in everything)

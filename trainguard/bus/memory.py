@@ -1,0 +1,265 @@
+"""The bus in memory, for unit tests of services: the semantics of ``bus/protocol.py`` without a
+broker. Topics are the registry's, with their partitions; a record's partition is a stable hash
+of its key (one job stays on one partition, in order); offsets count per partition; consumer
+groups commit positions; a record that is not a valid event is dead-lettered (the same
+``DeadLetter`` bytes as on Kafka) and reading carries on.
+
+Single event loop, no threads: every method is a coroutine only to keep the Protocol's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from trainguard.bus.consumer import DEDUPE_IDS, ConsumerStats, Delivered, SeenIds
+from trainguard.bus.dlq import dead_letter, refusal
+from trainguard.bus.producer import stamp_ingest
+from trainguard.bus.protocol import EventSink
+from trainguard.events.clock import now_us
+from trainguard.events.codec import decode, encode, partition_key
+from trainguard.events.envelope import Event
+from trainguard.events.errors import ContractError, FieldError
+from trainguard.events.registry import BY_NAME
+from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
+
+log = logging.getLogger(__name__)
+POLL_STEP_S = 0.002  # how often an empty poll looks again until its timeout
+
+
+@dataclass(frozen=True)
+class Record:
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class RecordMetadata:
+    topic: str
+    partition: int
+    offset: int
+
+
+class UnknownTopicError(KeyError):
+    """A topic this bus does not hold (Kafka: UnknownTopicOrPartition)."""
+
+
+class MemoryBus:
+    def __init__(self, prefix: str = "tg", partitions: int | None = None) -> None:
+        """The registry's topics under ``prefix``; ``partitions`` overrides every count."""
+        self.names = TopicNames(prefix)
+        self.topics: dict[str, list[list[Record]]] = {
+            self.names.name(s.role): [[] for _ in range(partitions or s.partitions)]
+            for s in TOPIC_SPECS}
+        self.committed: dict[tuple[str, str, int], int] = {}  # (group, topic, partition)
+        self._spread = itertools.count()  # records without a key go round the partitions
+
+    # --- the log ----------------------------------------------------------------------------
+
+    def partitions(self, topic: str) -> list[list[Record]]:
+        try:
+            return self.topics[topic]
+        except KeyError:
+            raise UnknownTopicError(topic) from None
+
+    def partition_for(self, topic: str, key: bytes | None) -> int:
+        n = len(self.partitions(topic))
+        return (zlib.crc32(key) if key is not None else next(self._spread)) % n
+
+    def append(self, topic: str, record: Record) -> RecordMetadata:
+        partition = self.partition_for(topic, record.key)
+        log_ = self.partitions(topic)[partition]
+        log_.append(record)
+        return RecordMetadata(topic, partition, len(log_) - 1)
+
+    def records(self, role: TopicRole) -> list[Record]:
+        """Every record of a topic, partition by partition (for tests)."""
+        return [r for part in self.partitions(self.names.name(role)) for r in part]
+
+    def events(self, role: TopicRole) -> list[Event]:
+        """Every valid event of a topic, partition by partition (for tests)."""
+        out: list[Event] = []
+        for rec in self.records(role):
+            try:
+                out.append(_decode(rec.value))
+            except ContractError:
+                continue
+        return out
+
+    # --- the Protocol -----------------------------------------------------------------------
+
+    def producer(self) -> MemoryProducer:
+        return MemoryProducer(self)
+
+    def consumer(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
+                 dlq: EventSink | None, from_offset: str = "earliest",
+                 dedupe: bool = False) -> MemoryConsumer:
+        return MemoryConsumer(self, roles, group_id=group_id, name=name, dlq=dlq,
+                              from_offset=from_offset, dedupe=dedupe)
+
+    async def read(self, roles: Sequence[TopicRole]) -> list[Event]:
+        return [e for role in roles for e in self.events(role)]
+
+
+class MemoryProducer:
+    def __init__(self, bus: MemoryBus) -> None:
+        self.bus = bus
+        self.started = False
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.started = False
+
+    def _append(self, topic: str, record: Record) -> RecordMetadata:
+        if not self.started:
+            raise RuntimeError("producer: send before start()")
+        return self.bus.append(topic, record)
+
+    async def send(self, event: Event) -> RecordMetadata:
+        event = stamp_ingest(event, now_us())
+        topic = self.bus.names.name(BY_NAME[event.type].topic)
+        return self._append(topic, Record(partition_key(event), encode(event),
+                                          event.event_time // 1000))
+
+    async def enqueue(self, event: Event) -> asyncio.Future[RecordMetadata]:
+        fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        fut.set_result(await self.send(event))
+        return fut
+
+    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None
+                       ) -> RecordMetadata:
+        return self._append(topic, Record(key, value))
+
+    async def flush(self) -> None:
+        return None
+
+
+class MemoryConsumer:
+    def __init__(self, bus: MemoryBus, roles: Sequence[TopicRole], *, group_id: str | None,
+                 name: str, dlq: EventSink | None, from_offset: str = "earliest",
+                 dedupe: bool = False) -> None:
+        if from_offset not in ("earliest", "latest"):
+            raise ValueError(f"from_offset: 'earliest' or 'latest' (got {from_offset!r})")
+        self.bus = bus
+        self.topics = [bus.names.name(r) for r in roles]
+        for topic in self.topics:
+            bus.partitions(topic)  # unknown topics fail here, as subscribing would
+        self.group_id = group_id
+        self.name = name
+        self.stats = ConsumerStats()
+        self._dlq = dlq
+        self._dlq_topic = bus.names.name(TopicRole.DLQ)
+        self._from = from_offset
+        self._positions: dict[tuple[str, int], int] | None = None
+        self._seen = SeenIds(DEDUPE_IDS) if dedupe else None
+        self.uncommitted = False
+
+    async def start(self) -> None:
+        positions: dict[tuple[str, int], int] = {}
+        for topic in self.topics:
+            for partition, log_ in enumerate(self.bus.partitions(topic)):
+                committed = (self.bus.committed.get((self.group_id, topic, partition))
+                             if self.group_id is not None else None)
+                positions[(topic, partition)] = committed if committed is not None else (
+                    0 if self._from == "earliest" else len(log_))
+        self._positions = positions
+
+    async def stop(self) -> None:
+        self._positions = None
+
+    def _pos(self) -> dict[tuple[str, int], int]:
+        if self._positions is None:
+            raise RuntimeError(f"{self.name}: consumer not started")
+        return self._positions
+
+    async def poll(self, timeout_ms: int = 1000,
+                   max_records: int | None = None) -> list[Delivered]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while True:
+            taken = self._take(max_records)
+            if taken:
+                return await self._accept(taken)
+            if loop.time() >= deadline:
+                return []
+            await asyncio.sleep(min(POLL_STEP_S, max(0.0, deadline - loop.time())))
+
+    def _take(self, max_records: int | None) -> list[tuple[str, int, int, Record]]:
+        pos = self._pos()
+        out: list[tuple[str, int, int, Record]] = []
+        for topic, partition in sorted(pos):
+            log_ = self.bus.partitions(topic)[partition]
+            start = pos[(topic, partition)]
+            end = len(log_) if max_records is None else min(
+                len(log_), start + max_records - len(out))
+            out.extend((topic, partition, off, log_[off]) for off in range(start, end))
+            pos[(topic, partition)] = max(start, end)
+            if max_records is not None and len(out) >= max_records:
+                break
+        return out
+
+    async def _accept(self, taken: list[tuple[str, int, int, Record]]) -> list[Delivered]:
+        good: list[Delivered] = []
+        for topic, partition, offset, rec in taken:
+            self.uncommitted = True
+            try:
+                event = _decode(rec.value)
+            except ContractError as err:
+                await self._dead_letter(err, topic, partition, offset, rec)
+                continue
+            if self._seen is not None and not self._seen.add(event.event_id):
+                self.stats.duplicates += 1
+                continue
+            good.append(Delivered(event, topic, partition, offset, rec.key, rec.value or b""))
+        self.stats.delivered += len(good)
+        return good
+
+    async def _dead_letter(self, err: ContractError, topic: str, partition: int, offset: int,
+                           rec: Record) -> None:
+        if self._dlq is None:  # a reader without a dead-letter producer skips and counts
+            self.stats.dead_lettered += 1
+            log.warning("%s: skipped %s:%s@%s: %s", self.name, topic, partition, offset, err)
+            return
+        letter = dead_letter(err, topic=topic, partition=partition, offset=offset,
+                             key=rec.key, value=rec.value or b"", rejected_at=now_us(),
+                             consumer=self.name)
+        await self._dlq.send_raw(self._dlq_topic, letter.encode(), key=rec.key)
+        self.stats.dead_lettered += 1
+        log.warning("%s: dead-lettered %s:%s@%s: %s", self.name, topic, partition, offset,
+                    letter.reason)
+
+    async def refuse(self, item: Delivered, exc: BaseException) -> None:
+        """Dead-letter a delivered record whose handling raised (as EventConsumer.refuse)."""
+        await self._dead_letter(refusal(exc), item.topic, item.partition, item.offset,
+                                Record(item.key, item.value))
+
+    async def commit(self) -> None:
+        if self.group_id is None:
+            raise RuntimeError(f"{self.name}: commit() needs a consumer group")
+        for (topic, partition), offset in self._pos().items():
+            self.bus.committed[(self.group_id, topic, partition)] = offset
+        self.uncommitted = False
+
+    async def drain(self, *, idle_ms: int = 1500, limit_s: float = 30.0) -> list[Delivered]:
+        """Everything up to the end now (in memory the end is known: no idle wait)."""
+        out: list[Delivered] = []
+        while self._take_pending():
+            out.extend(await self._accept(self._take(None)))
+        return out
+
+    def _take_pending(self) -> bool:
+        return any(pos < len(self.bus.partitions(t)[p]) for (t, p), pos in self._pos().items())
+
+
+def _decode(value: bytes | None) -> Event:
+    if value is None:
+        raise ContractError([FieldError("value", None, "a null value (tombstone) is not an "
+                                                       "event")])
+    return decode(value)

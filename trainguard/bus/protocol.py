@@ -1,0 +1,88 @@
+"""What a service needs from the bus, as a Protocol: the real one is Kafka (``KafkaBus``: the
+existing ``EventProducer`` / ``EventConsumer``), the twin for unit tests is in memory
+(``bus/memory.py``). One contract suite (``tests/bus_contract.py``) runs against both.
+
+The semantics both keep:
+- ``EventSink.send(event)`` appends the event to its registry topic (``BY_NAME[type].topic``)
+  keyed by ``partition_key`` (the job): one job's events keep their order on one partition;
+  ``ingest_time`` is stamped once. ``send_raw`` writes bytes as they are (dead letters).
+- ``EventSource`` reads roles from a position: with a consumer group, from the group's committed
+  offsets (else ``from_offset``), and ``commit()`` records what was polled; without a group,
+  from ``from_offset`` ('earliest' or 'latest') every time. A record that is not a valid event
+  never reaches the caller: it goes to the dead-letter topic (through ``dlq``) with its reason
+  and reading carries on.
+- ``read(roles)``: every valid event now on the topics (no group, nothing committed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from trainguard.bus.consumer import ConsumerStats, Delivered
+from trainguard.events.envelope import Event
+from trainguard.events.topics import TopicNames, TopicRole
+
+
+class EventSink(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def send(self, event: Event) -> Any:
+        """Append the event to its topic and wait until it is acknowledged."""
+        ...
+
+    async def enqueue(self, event: Event) -> Any:
+        """Hand the event over; the returned awaitable resolves when it is acknowledged."""
+        ...
+
+    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
+        """Bytes as they are (the dead-letter topic; tests of bad input)."""
+        ...
+
+
+class EventSource(Protocol):
+    name: str
+    stats: ConsumerStats
+
+    uncommitted: bool  # records read (delivered or refused) since the last commit
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def poll(self, timeout_ms: int = 1000,
+                   max_records: int | None = None) -> list[Delivered]:
+        """The next valid events (in partition order), waiting up to ``timeout_ms``."""
+        ...
+
+    async def refuse(self, item: Delivered, exc: BaseException) -> Any:
+        """Dead-letter a delivered record whose handling raised ``exc``; the caller commits
+        past it and carries on."""
+        ...
+
+    async def commit(self) -> None:
+        """Record the group's position: what was polled is not delivered to it again."""
+        ...
+
+    async def drain(self, *, idle_ms: int = 1500, limit_s: float = 30.0) -> list[Delivered]:
+        """Everything up to the end of the topics now."""
+        ...
+
+
+class Bus(Protocol):
+    names: TopicNames
+
+    def producer(self) -> EventSink: ...
+
+    def consumer(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
+                 dlq: EventSink | None, from_offset: str = "earliest",
+                 dedupe: bool = False) -> EventSource:
+        """``dedupe``: a record whose event id was delivered already is dropped (consumers
+        that fold state; bounded memory, see bus/consumer.py)."""
+        ...
+
+    async def read(self, roles: Sequence[TopicRole]) -> list[Event]:
+        """Every valid event now on the topics of ``roles`` (refused records are skipped)."""
+        ...
