@@ -194,6 +194,16 @@ def test_impossible_timestamps_are_malformed(bad: str) -> None:
     ("oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0,global_oom,"
      "task_memcg=/user.slice,task=python,pid=777,uid=1000",
      Signal(K.OOM_KILL, code=777, fault_class="global")),
+    ("oom_reaper: reaped process 48211 (python3), now anon-rss:0kB, file-rss:0kB",
+     Signal(K.OOM_KILL, code=48211)),
+    ("Killed process 12166, UID 498, (mysqld) total-vm:16407696kB, anon-rss:16083936kB",
+     Signal(K.OOM_KILL, code=12166)),
+    ("Out of memory: Killed process 12166, UID 498, (mysqld) total-vm:1kB, anon-rss:1kB",
+     Signal(K.OOM_KILL, code=12166)),
+    ("Out of memory: Killed process 15925 ((resolved)) total-vm:168424kB, anon-rss:4064kB",
+     Signal(K.OOM_KILL, code=15925)),
+    ("[22042.602270] Killed process 1350 (udhcpc) total-vm:1204kB, anon-rss:36kB",
+     Signal(K.OOM_KILL, code=1350)),
 ])
 def test_classify(message: str, expected: Signal) -> None:
     assert classify(message) == expected
@@ -205,7 +215,12 @@ def test_classify(message: str, expected: Signal) -> None:
     "nvme 0000:01:00.0:    [ 0] RxErr",
     "pcieport 0000:00:01.0: AER: enabled with IRQ 122",
     "python3 invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE|__GFP_COMP), order=0",
-    "oom_reaper: reaped process 48211 (python3), now anon-rss:0kB, file-rss:0kB",
+    # context lines around a kill: the victim is named by the "Killed process" line
+    "oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0",
+    "oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=x,mems_allowed=0,"
+    "oom_memcg=/kubepods,task_memcg=/kubepods/pod1",
+    "Out of memory and no killable processes...",
+    "oom_reaper: unable to reap pid:1234 (python3)",
     "usb 1-1: new high-speed USB device number 2 using xhci_hcd",
     "EXT4-fs (nvme0n1p1): mounted filesystem with ordered data mode.",
     "Linux version 6.8.0-45-generic (buildd@lcy02-amd64-075)",
@@ -218,7 +233,8 @@ def test_other_messages_are_not_signals(message: str) -> None:
     ("NVRM: Xid (PCI:0000:3b:00) GPU has fallen off the bus.", "xid"),
     ("NVRM: Xid (PCI:0000:3b:00): pid=1, no code", "xid"),
     ("pcieport 0000:00:01.0: AER: error received", "pcie_aer"),
-    ("oom-kill:constraint=CONSTRAINT_NONE,task=python", "oom_kill"),
+    ("oom-kill:constraint=CONSTRAINT_NONE,task=python,pid=12x", "oom_kill"),
+    ("oom_reaper: reaped process python3 now anon-rss:0kB", "oom_kill"),
 ])
 def test_signal_shaped_but_unreadable_is_malformed(message: str, kind: str) -> None:
     out = classify(message)

@@ -498,3 +498,13 @@ def test_failed_ranks_all_move_outside_the_failed_domain_or_escalate(
     chosen = [c.unit for c in plan.moves.values() if c.unit is not None]
     assert len({u.name for u in chosen}) == len(killed)
     assert not any(domains(u) & avoid for u in chosen)
+
+
+def test_an_oom_killed_rank_migrates_like_an_exit_and_a_node_notice_does_nothing() -> None:
+    _, out = settled(pool(), [verdict("oom_kill", 2, 10 * S, pid=102)], 12 * S)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    params = migrate(out[0])
+    assert (params.rank, params.resume, params.reason) == (2, True, "oom_kill")
+    for kind in ("oom_kill_process", "external_fault"):
+        _, out = settled(pool(), [verdict(kind, None, 10 * S)], 12 * S)
+        assert out == [], kind

@@ -29,7 +29,7 @@ from trainguard.incidents.synth import (
     observations,
 )
 from trainguard.replay import Window, parse_when, replay_log
-from trainguard.replay.report import render_report
+from trainguard.replay.report import render_report, report_doc
 from trainguard.replay.window import WindowError
 from trainguard.rules import RuleSet, load_default_rules, parse_rules
 
@@ -195,3 +195,41 @@ def test_what_if_lists_incidents_that_would_change_and_appear() -> None:
     r = replay_log(recorded, looser)
     assert [s.subject for s in r.incidents.appear] == ["node node-a, rank 1"]
     assert "1 would appear" in render_report(r)
+
+
+def test_exit_codes_and_json_verdicts_in_full() -> None:
+    assert replay_log(RECORDED, RULES).exit_code == 0
+    assert replay_log(RECORDED, strict_rules()).exit_code == 0  # what-if
+    gone = next(e for e in RECORDED if isinstance(e.payload, Verdict)
+                and e.payload.state is VerdictState.RESOLVED)
+    r = replay_log([e for e in RECORDED if e is not gone], RULES)
+    assert (r.mode, r.exit_code) == ("reproduce", 1)
+    doc = report_doc(r)
+    (new,) = doc["verdicts"]["new"]
+    p = gone.payload
+    assert isinstance(p, Verdict)
+    assert new["event_id"] == gone.event_id
+    assert (new["kind"], new["state"], new["severity"]) == (p.kind, "resolved",
+                                                            p.severity.value)
+    assert new["subject"] == gone.subject.model_dump(exclude_none=True)
+    assert new["evidence"] == dict(p.evidence)
+
+
+def test_a_log_without_verdicts_is_a_what_if_that_lists_everything_found() -> None:
+    inputs = [e for e in RECORDED
+              if not isinstance(e.payload, Verdict | IncidentTransition)]
+    r = replay_log(inputs, RULES)
+    assert (r.mode, r.what_if, r.verdicts_recorded, r.exit_code) == (
+        "what_if_unrecorded", True, False, 0)
+    doc = report_doc(r)
+    assert doc["mode"] == "what_if_unrecorded" and doc["exit_code"] == 0
+    assert len(doc["verdicts"]["new"]) == 4 and not doc["verdicts"]["gone"]
+    assert {v["kind"] for v in doc["verdicts"]["new"]} == {"straggler", "process_exit"}
+    assert all(v["evidence"] for v in doc["verdicts"]["new"])
+    assert len(doc["incidents"]["appear"]) == 2
+    text = render_report(r)
+    assert "WHAT-IF: the log records no verdicts" in text and "REPRODUCED" not in text
+    # a log no rule reads anything from is a what-if that finds nothing, not a reproduction
+    empty = replay_log([e for e in inputs if e.type == "checkpoint"], RULES)
+    assert empty.mode == "what_if_unrecorded" and empty.exit_code == 0
+    assert "REPRODUCED" not in render_report(empty)

@@ -43,7 +43,7 @@ def test_the_classes_the_policy_acts_on() -> None:
     assert p.kinds_of(p.VerdictClass.LADDER) == {p.VerdictKind.STRAGGLER}
     assert p.kinds_of(p.VerdictClass.FAILURE) == {
         p.VerdictKind.PROCESS_EXIT, p.VerdictKind.RANK_SILENT, p.VerdictKind.XID_DRAIN,
-        p.VerdictKind.LINK_DOWN}
+        p.VerdictKind.LINK_DOWN, p.VerdictKind.OOM_KILL}
 
 
 def test_a_rule_opening_a_kind_it_did_not_declare_is_a_bug() -> None:

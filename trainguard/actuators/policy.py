@@ -13,16 +13,16 @@ The ladder, lightest first:
   (``checkpoint_wait_s`` 0: migrate at once); still open after as long again
   -> tier 3 ``resume`` (the job's process group restarted in place from the last valid
   checkpoint); still open -> ``escalate`` (tiers exhausted).
-- a failure verdict (process exit, rank silent, must-drain XID, link down) -> ``migrate`` with
-  ``resume`` at once. A job's failure verdicts are collected for ``settle_s`` first: when a rank
-  dies its synchronous peers exit too (with a peer-lost exit code, ``peer_exit_codes``): those
-  exits are consequences, covered by the one restart. Every rank that failed by itself (a
-  signal, another exit code, silence) within the window, and every rank bound where a
-  node-level verdict points, is moved to a spare by that one ``migrate`` (``params.ranks``),
-  never onto a unit of a failure domain that just failed (``params.avoid_domains``: the
-  located node, and ``pool.failed_domains`` of the failed units). When no rank failed by
-  itself, the earliest verdict's rank is the one moved. Verdicts about a pid that is no longer
-  the rank's bound replica (fenced by a restart) are ignored.
+- a failure verdict (process exit, OOM-killed rank, rank silent, must-drain XID, link down) ->
+  ``migrate`` with ``resume`` at once. A job's failure verdicts are collected for ``settle_s``
+  first: when a rank dies its synchronous peers exit too (with a peer-lost exit code,
+  ``peer_exit_codes``): those exits are consequences, covered by the one restart. Every rank that
+  failed by itself (a signal, another exit code, silence) within the window, and every rank bound
+  where a node-level verdict points, is moved to a spare by that one ``migrate``
+  (``params.ranks``), never onto a unit of a failure domain that just failed
+  (``params.avoid_domains``: the located node, and ``pool.failed_domains`` of the failed units).
+  When no rank failed by itself, the earliest verdict's rank is the one moved. Verdicts about a
+  pid that is no longer the rank's bound replica (fenced by a restart) are ignored.
 - fewer healthy spares than failed ranks -> ``escalate`` saying so: the job is never silently
   shrunk.
 - a command that fails, times out, is refused or gets no outcome -> ``escalate``; except a

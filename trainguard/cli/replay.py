@@ -22,12 +22,29 @@ WHEN = "ISO time (2026-01-01T00:00:05Z), epoch microseconds, or an offset from t
        "start or end: start+30s, end-5m (also +30s, and -5m written as --to=-5m)"
 
 
+EPILOG = """\
+modes (the first line of the report, "mode" in --json):
+  reproduce            the log records verdicts and these are the rules that decided them:
+                       the rules and the incident fold are run again and compared
+  what_if_rules        --rules differ from the recording's: what would have changed
+  what_if_unrecorded   the log records no verdicts (e.g. written by `trainguard import`):
+                       nothing to reproduce; every verdict and incident the rules find is listed
+exit codes:
+  0  reproduced exactly, or a what-if run (of either kind) completed
+  1  a reproduction differs: the recording's own rules decided otherwise
+  2  bad input: a missing or malformed log or rule file, a bad window, no broker
+"""
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    rp = sub.add_parser("replay", help="replay the log: reproduce or what-if; export it")
+    rp = sub.add_parser("replay", help="replay the log: reproduce or what-if; export it",
+                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(rp)
     rp.add_argument("--rules", type=input_file,
                     help="rule file (default: the shipped default rules)")
-    rp.add_argument("--json", action="store_true", help="the comparison as JSON")
+    rp.add_argument("--json", action="store_true",
+                    help="the comparison as JSON: mode, exit_code, every gone/new/changed "
+                    "verdict (kind, subject, severity, state, evidence) and every incident")
     rp.add_argument("--actuator-pubkeys", type=input_file, help="trusted actuator public keys: the "
                     "rules take binding epochs from the pool events they sign, as the live "
                     "worker does (default $TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else "
@@ -83,7 +100,7 @@ def _replay(args: argparse.Namespace) -> int:
                          + "\n")
     else:
         sys.stdout.write(render_report(result))
-    return 0 if result.what_if or result.exact else 1
+    return result.exit_code
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -211,10 +211,13 @@ def parse_text_line(line: str, ctx: TimeContext, prev_time_us: int | None = None
     return LogLine(message=message, time_us=t, origin=origin, facility=facility, level=level)
 
 
+_PRINTK_STAMP = re.compile(r"^\[\s*\d+\.\d+\]\s?")
+
+
 def _strip_host(rest: str) -> tuple[Origin, str]:
     h = _HOST_KERNEL.match(rest)
     if h:
-        return "journal", h.group(2)
+        return "journal", _PRINTK_STAMP.sub("", h.group(2), count=1)
     return "dmesg", rest
 
 
@@ -258,7 +261,7 @@ def _parse_text_time(line: str, ctx: TimeContext, prev: int | None,
             return Malformed("timestamp", f"unknown month {m.group(1)!r}")
         dt = _yearless(ctx, mon, int(m.group(2)), int(m.group(3)), int(m.group(4)),
                        int(m.group(5)), _frac_us(m.group(6)))
-        return _epoch_us(dt), "journal", m.group(8)
+        return _epoch_us(dt), "journal", _PRINTK_STAMP.sub("", m.group(8), count=1)
     m = _UNIX.match(line)
     if m:  # journal short-unix
         return int(m.group(1)) * 1_000_000 + _frac_us(m.group(2)), "journal", m.group(4)
@@ -291,6 +294,9 @@ _LINK = re.compile(r"(?:^|\s)(?P<ifc>[A-Za-z][\w.@-]*): Link (?:is )?(?P<st>up|d
 _BOND = re.compile(
     r"(?P<bond>bond[\w.-]*): (?:\(slave (?P<s1>[\w.@-]+)\): )?link status definitely "
     r"(?P<st>up|down)(?: for interface (?P<s2>[\w.@-]+))?")
+# mlx5_core (newer drivers): "mlx5_core 0000:ab:00.0 mlx5_5: Port: 1 Link ACTIVE"; INIT and
+# ARMED are steps of bringing a port up, not a state to report
+_MLX_PORT = re.compile(r"(?P<dev>\b[\w.-]+): Port: (?P<port>\d{1,3}) Link (?P<st>ACTIVE|DOWN)\b")
 _LINK_READY = re.compile(r"ADDRCONF\(NETDEV_CHANGE\): (?P<ifc>[\w.@-]+): link becomes ready")
 _IB_STATE = (r"\b[Pp]ort (?P<port>\d{1,3})\b[^\n]*?state changed\b(?:[^\n]*?\bto\b)?[:\s]*"
              r"(?P<st>[A-Z_]+)?")
@@ -299,7 +305,10 @@ _IB_PORT_DEV = re.compile(
 _IB_PORT = re.compile(_IB_STATE)
 _OOM_KILLED = re.compile(
     r"(?P<memcg>Memory cgroup )?(?:[Oo]ut of memory(?: \([\w ]+\))?: )?Kill(?:ed)? process "
-    r"(?P<pid>[0-9]{1,10}) \((?P<comm>[^)]*)\)")
+    r"(?P<pid>[0-9]{1,10})(?:, UID -?[0-9]{1,10},)? \((?P<comm>.*?)\)(?:[ ,]|$)")
+_OOM_KILLED_BARE = re.compile(r"(?:^|\]\s?|: )Killed process [0-9]")
+_OOM_REAPED = re.compile(
+    r"oom_reaper: reaped process (?P<pid>[0-9]{1,10}) \((?P<comm>.*?)\),? now ")
 _OOM_KV = re.compile(r"oom-kill:(?P<kv>\S+)")
 
 
@@ -360,6 +369,11 @@ def _classify_link(message: str) -> Signal | None:
         return Signal(NodeHealthKind.LINK_UP if up else NodeHealthKind.LINK_DOWN,
                       device=m.group("s1") or m.group("s2") or m.group("bond"),
                       fault_class="bond")
+    m = _MLX_PORT.search(message)
+    if m:
+        return Signal(NodeHealthKind.LINK_UP if m.group("st") == "ACTIVE"
+                      else NodeHealthKind.LINK_DOWN,
+                      device=f"{m.group('dev')}/{m.group('port')}", fault_class="ib")
     m = _LINK_READY.search(message)
     if m:
         return Signal(NodeHealthKind.LINK_UP, device=m.group("ifc"))
@@ -367,6 +381,11 @@ def _classify_link(message: str) -> Signal | None:
 
 
 def _classify_oom(message: str) -> Signal | Malformed | None:
+    """The OOM killer's lines about one victim: ``oom-kill:constraint=...,pid=N`` (a context
+    line without ``pid=`` is not a signal: the ``Killed process`` line after it names the
+    victim), ``[Memory cgroup ]Out of memory: Kill[ed] process N[, UID U,] (name)``, a bare
+    ``Killed process N ...`` and ``oom_reaper: reaped process N (name), now ...``. The same pid
+    seen twice is reported once by the follower (``dedup_window_us``)."""
     if "oom-kill:" in message:
         m = _OOM_KV.search(message)
         kv: dict[str, str] = {}
@@ -375,17 +394,26 @@ def _classify_oom(message: str) -> Signal | Malformed | None:
                 k, sep, v = part.partition("=")
                 if sep:
                     kv[k] = v
-        pid = kv.get("pid", "")
+        if "pid" not in kv:
+            return None
+        pid = kv["pid"]
         if not re.fullmatch(r"[0-9]{1,10}", pid):
-            return Malformed("oom_kill", "oom-kill line without pid=")
+            return Malformed("oom_kill", f"oom-kill line with pid={pid[:20]!r}")
         constraint = kv.get("constraint", "")
         # CONSTRAINT_NONE is a whole-system OOM; MEMCG, CPUSET, MEMORY_POLICY are scoped.
         fc = constraint.removeprefix("CONSTRAINT_").lower() or None
         fc = "global" if fc == "none" else fc
         return Signal(NodeHealthKind.OOM_KILL, code=int(pid), fault_class=fc)
+    if "oom_reaper:" in message:
+        m3 = _OOM_REAPED.search(message)
+        if m3:
+            return Signal(NodeHealthKind.OOM_KILL, code=int(m3.group("pid")))
+        if "reaped process" in message:
+            return Malformed("oom_kill", "oom_reaper line without 'reaped process N (name)'")
+        return None
     if "process" in message and ("Kill" in message):
         m2 = _OOM_KILLED.search(message)
-        if m2 and ("out of memory" in message.lower() or message.lstrip().startswith("Killed")):
+        if m2 and ("out of memory" in message.lower() or _OOM_KILLED_BARE.search(message)):
             return Signal(NodeHealthKind.OOM_KILL, code=int(m2.group("pid")),
                           fault_class="memcg" if m2.group("memcg") else None)
     return None

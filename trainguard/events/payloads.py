@@ -266,6 +266,9 @@ class VerdictKind(StrEnum):
     DATA_STARVATION = "data_starvation"
     LOSS_NONFINITE = "loss_nonfinite"
     LOSS_SPIKE_AFTER_RESUME = "loss_spike_after_resume"
+    OOM_KILL = "oom_kill"
+    OOM_KILL_PROCESS = "oom_kill_process"
+    EXTERNAL_FAULT = "external_fault"
 
     @property
     def verdict_class(self) -> VerdictClass:
@@ -295,6 +298,9 @@ VERDICT_CLASSES: Mapping[VerdictKind, VerdictClass] = {
     _K.DATA_STARVATION: _C.INFO,
     _K.LOSS_NONFINITE: _C.INFO,
     _K.LOSS_SPIKE_AFTER_RESUME: _C.INFO,
+    _K.OOM_KILL: _C.FAILURE,  # a rank's process killed by the kernel: gone, like an exit
+    _K.OOM_KILL_PROCESS: _C.INFO,  # another process on the node: memory pressure, no rank lost
+    _K.EXTERNAL_FAULT: _C.INFO,  # a second-hand feed: a notice (docs/rules.md says why)
 }
 if set(VERDICT_CLASSES) != set(VerdictKind):
     raise RuntimeError("VERDICT_CLASSES: no class for "

@@ -37,6 +37,7 @@ class Recorder:
     incidents: OpenIncidents = field(default_factory=OpenIncidents)
     _seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     _latest_step_time: dict[str, int] = field(default_factory=dict)
+    _external_faults: dict[str, str] = field(default_factory=dict)  # open verdict id -> node
 
     def __post_init__(self) -> None:
         self.expiry = SeriesExpiry(int(self.series_ttl_s * US))
@@ -101,6 +102,9 @@ class Recorder:
 
     def _verdict(self, event: Event, p: Verdict) -> None:
         self.metrics.verdicts.labels(p.kind.value, p.state.value, p.severity.value).inc()
+        if p.kind is VerdictKind.EXTERNAL_FAULT:
+            self._external_fault(event, p)
+            return
         rank = event.subject.rank
         if p.kind is not VerdictKind.STRAGGLER or rank is None:
             return
@@ -110,6 +114,14 @@ class Recorder:
             self.expiry.remove(self.metrics.straggler_ratio, labels)
         elif isinstance(ratio, int | float) and not isinstance(ratio, bool):
             self.expiry.set(self.metrics.straggler_ratio, labels, float(ratio), event.event_time)
+
+    def _external_fault(self, event: Event, p: Verdict) -> None:
+        """``trainguard_nodes_external_fault``: distinct nodes with an open external fault."""
+        if p.state is VerdictState.RESOLVED:
+            self._external_faults.pop(p.verdict_id, None)
+        elif event.subject.node is not None:
+            self._external_faults[p.verdict_id] = event.subject.node
+        self.metrics.nodes_external_fault.set(len(set(self._external_faults.values())))
 
     def _transition(self, event: Event, p: IncidentTransition) -> None:
         m = self.metrics

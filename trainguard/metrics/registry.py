@@ -47,6 +47,9 @@ class PipelineMetrics:
         self.incidents_open = Gauge("trainguard_incidents_open",
                                     "Incidents seen detected and not yet in an end state",
                                     registry=r)
+        self.nodes_external_fault = Gauge(
+            "trainguard_nodes_external_fault",
+            "Nodes with at least one open external_fault verdict (fault feeds)", registry=r)
         self.oldest_open = Gauge(
             "trainguard_incident_oldest_open_detected_timestamp_seconds",
             "Event time the oldest open incident was detected (0: none open)", registry=r)

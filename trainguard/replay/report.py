@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from trainguard.events.clock import to_iso
+from trainguard.events.envelope import Event
+from trainguard.events.payloads import Verdict
 from trainguard.replay.diff import IncidentSummary, verdict_line
 from trainguard.replay.run import ReplayResult
 
@@ -28,7 +30,10 @@ def render_report(r: ReplayResult) -> str:
         lines.append(f"REPRODUCED EXACTLY: {v.same} verdicts and {len(i.same)} incidents "
                      f"({len(r.replayed_transitions)} transitions), compared with {src}")
         return "\n".join(lines) + "\n"
-    if r.what_if:
+    if r.mode == "what_if_unrecorded":
+        lines.append("WHAT-IF: the log records no verdicts (an imported history, or one no "
+                     "rules ran on): nothing to reproduce; what the rules find")
+    elif r.what_if:
         lines.append("WHAT-IF: other rules than the recording's; compared with " + src)
     else:
         lines.append("DIFFERENCES with the recorded rules; compared with " + src)
@@ -53,16 +58,31 @@ def _summary(s: IncidentSummary) -> dict[str, Any]:
             "tier": s.tier, "path": list(s.path)}
 
 
+def verdict_doc(e: Event) -> dict[str, Any]:
+    p = e.payload
+    assert isinstance(p, Verdict)
+    return {"event_id": e.event_id, "verdict_id": p.verdict_id, "job_id": e.job_id,
+            "rule": p.rule, "kind": p.kind.value, "state": p.state.value,
+            "severity": p.severity.value, "subject": e.subject.model_dump(exclude_none=True),
+            "event_time": e.event_time, "first_anomalous_time": p.first_anomalous_time,
+            "decided_time": p.decided_time, "rules_version": p.rules_version,
+            "evidence": dict(p.evidence)}
+
+
 def report_doc(r: ReplayResult) -> dict[str, Any]:
+    """Everything the text says, whole: each gone / new / changed verdict with its kind,
+    subject, severity, state and evidence, and every incident (same, vanish, appear, change)."""
     v, i = r.verdicts, r.incidents
     return {
+        "mode": r.mode, "exit_code": r.exit_code,
         "rules_version": r.rules_version, "recorded_rules_versions": r.recorded_rules_versions,
         "window": {"start": r.window.start, "end": r.window.end}, "what_if": r.what_if,
-        "exact": r.exact, "incidents_recorded": r.incidents_recorded,
-        "retracted": r.retracted,
-        "verdicts": {"same": v.same, "gone": [e.event_id for e in v.missing],
-                     "new": [e.event_id for e in v.extra],
-                     "changed": [a.event_id for a, _ in v.changed]},
+        "exact": r.exact, "verdicts_recorded": r.verdicts_recorded,
+        "incidents_recorded": r.incidents_recorded, "retracted": r.retracted,
+        "verdicts": {"same": v.same, "gone": [verdict_doc(e) for e in v.missing],
+                     "new": [verdict_doc(e) for e in v.extra],
+                     "changed": [{"recorded": verdict_doc(a), "replayed": verdict_doc(b)}
+                                 for a, b in v.changed]},
         "incidents": {"same": [_summary(s) for s in i.same],
                       "vanish": [_summary(s) for s in i.vanish],
                       "appear": [_summary(s) for s in i.appear],

@@ -31,12 +31,28 @@ class ReplayResult:
     replayed_transitions: list[Event]
     incidents_recorded: bool  # False: the log had no transitions; compared with a rebuild
     retracted: int = 0  # prompt-lane verdicts retracted live, left out of the comparison
+    verdicts_recorded: bool = True  # False: the whole log holds no verdict (e.g. imported)
+
+    @property
+    def mode(self) -> str:
+        """``reproduce``: the recording's rules again; ``what_if_rules``: other rules than the
+        recording's; ``what_if_unrecorded``: the log records no verdicts (an imported history,
+        or one no rules ran on), so there is nothing to reproduce: what the rules find."""
+        if not self.verdicts_recorded:
+            return "what_if_unrecorded"
+        if self.recorded_rules_versions and self.recorded_rules_versions != [self.rules_version]:
+            return "what_if_rules"
+        return "reproduce"
 
     @property
     def what_if(self) -> bool:
-        """Other rules than the ones that decided the recording."""
-        return bool(self.recorded_rules_versions) and \
-            self.recorded_rules_versions != [self.rules_version]
+        return self.mode != "reproduce"
+
+    @property
+    def exit_code(self) -> int:
+        """0: reproduced exactly, or a what-if run; 1: the recording's own rules decided
+        differently (a failed reproduction)."""
+        return 0 if self.what_if or self.exact else 1
 
     @property
     def exact(self) -> bool:
@@ -53,11 +69,13 @@ def retracted_verdicts(log: Sequence[Event]) -> set[str]:
 
 
 def rerun_rules(events: Sequence[Event], ruleset: RuleSet, until: int | None,
-                check: Check | None = None) -> list[Event]:
+                check: Check | None = None, *, flush: bool = False) -> list[Event]:
     """Verdicts as the live worker decides them: every job's inputs in event-time order (a
     valid arrival order), no flush at the end (the live worker never flushes). Records of a
     signed type (the actuators' bindings) are fed only when ``check`` verifies them, as the
-    live worker does; without ``check`` none is."""
+    live worker does; without ``check`` none is. ``flush``: the history is finished (a log
+    with no recorded verdicts, e.g. imported): each job's buffered tail is evaluated too, so a
+    fault's end at the very end of a job's events still counts."""
     limit = None if until is None else until + ruleset.allowed_lateness_us
     engines: dict[str, RuleEngine] = {}
     out: list[Event] = []
@@ -70,6 +88,9 @@ def rerun_rules(events: Sequence[Event], ruleset: RuleSet, until: int | None,
         if engine is None:
             engine = engines[ev.job_id] = RuleEngine(ev.job_id, ruleset)
         out += engine.feed(ev)
+    if flush:
+        for job in sorted(engines):
+            out += engines[job].flush()
     return out
 
 
@@ -81,7 +102,7 @@ def replay_log(events: Sequence[Event], ruleset: RuleSet, window: Window | None 
     retracted = retracted_verdicts(log)
     recorded_v = [e for e in log if isinstance(e.payload, Verdict)
                   and e.payload.verdict_id not in retracted]
-    replayed_v = rerun_rules(log, ruleset, window.end, check)
+    replayed_v = rerun_rules(log, ruleset, window.end, check, flush=not recorded_v)
     decisions = [e for e in log if not isinstance(e.payload, (Verdict, IncidentTransition))]
     replayed_t = rebuild(decisions + replayed_v, settings)
     left_out = {incident_id(e.job_id, vid) for e in log if isinstance(e.payload, Verdict)
@@ -106,4 +127,4 @@ def replay_log(events: Sequence[Event], ruleset: RuleSet, window: Window | None 
                                  (settings or IncidentSettings()).join_window_us),
         recorded_verdicts=inside(recorded_v), replayed_verdicts=inside(replayed_v),
         replayed_transitions=inside(replayed_t), incidents_recorded=incidents_recorded,
-        retracted=len(retracted))
+        retracted=len(retracted), verdicts_recorded=bool(recorded_v))

@@ -105,6 +105,13 @@ PARAMS: dict[str, tuple[Param, ...]] = {
     "process_exit": (
         Param("ignore_clean_exit", bool, True, None, "exit code 0 without a signal is no fault"),
     ),
+    "oom_kill": (
+        Param("process_severity", str, "warning", None,
+              "a kill of a process that is no rank of the job, located at the node"),
+        Param("resolve_quiet_ms", NUM, 600000.0, gt(0),
+              "a node's oom_kill_process verdict resolves after this long without a kill"),
+    ),
+    "external_fault": (),
     "xid": (
         Param("drain_codes", list, [48, 64, 74, 79, 92, 95, 119, 120, 140], int_list,
               "XIDs after which the GPU/node must be drained (critical, located at the GPU)"),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from trainguard.rules.base import RuleBase
+from trainguard.rules.external import ExternalFaultRule
 from trainguard.rules.gpu_health import EccRule, ThrottleRule
 from trainguard.rules.link import LinkRule
 from trainguard.rules.liveness import LivenessRule, ProcessExitRule
+from trainguard.rules.oom import OomKillRule
 from trainguard.rules.outlier import HwOutlierRule
 from trainguard.rules.slowdown import JobSlowdownRule, StageImbalanceRule
 from trainguard.rules.starvation import DataStarvationRule
@@ -26,4 +28,6 @@ EVALUATORS: dict[str, type[RuleBase]] = {
     "hw_outlier": HwOutlierRule,
     "data_starvation": DataStarvationRule,
     "training_health": TrainingHealthRule,
+    "oom_kill": OomKillRule,
+    "external_fault": ExternalFaultRule,
 }

@@ -164,7 +164,7 @@ def _parse_rule(doc: Any, where: str, problems: list[str]) -> RuleSpec | None:
         params[name] = float(value) if spec.kind == NUM else value
     if "k" in params and "n" in params and params["k"] > params["n"]:
         problems.append(f"{here}: field 'k': must be <= n ({params['n']}) (got {params['k']})")
-    for name in ("app_severity", "other_severity"):
+    for name in ("app_severity", "other_severity", "process_severity"):
         if name in params and params[name] not in {s.value for s in Severity}:
             problems.append(f"{here}: field '{name}': must be one of info, warning, critical "
                             f"(got {show(params[name])})")

@@ -1,0 +1,1 @@
+"""Offline import: a kernel log, a fault log or a step trace -> events a replay takes."""
