@@ -20,6 +20,7 @@ from trainguard.actuators.signing import PrivateKey, sign
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.dlq import DeadLetter
+from trainguard.bus.kafka import KafkaBus
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, make_event
@@ -96,7 +97,7 @@ def test_forged_stale_and_replayed_commands_are_refused(kafka: KafkaConfig,
                                                         tmp_path: Path) -> None:
     spec = job_spec(tmp_path, world=1, ignore_term=False)
     backend = LocalBackend(tmp_path / "logs", use_cgroups=False)
-    actuator = Actuator(kafka, ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
+    actuator = Actuator(KafkaBus(kafka), ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
                                                signer=keys.ACTUATOR,
                                                state_dir=tmp_path / "state",
                                                launch=True, max_age_s=30), backend)

@@ -20,6 +20,7 @@ from trainguard.alerts.config import load
 from trainguard.alerts.secrets import RedactingFilter, install_redaction
 from trainguard.alerts.service import AlertsService, ServiceOptions
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.kafka import KafkaBus
 from trainguard.bus.producer import EventProducer
 from trainguard.dev.webhook_receiver import (
     Received,
@@ -161,8 +162,8 @@ def test_every_channel_gets_one_opening_and_one_closing_message_per_incident(
     rx = receiver
     config = load(write_config(tmp_path, rx, monkeypatch))
     install_redaction(config.redactor)
-    service = AlertsService(config, kafka, ServiceOptions(group_id=f"{kafka.topic_prefix}-alerts",
-                                                          from_offset="earliest"))
+    service = AlertsService(config, KafkaBus(kafka), ServiceOptions(
+        group_id=f"{kafka.topic_prefix}-alerts", from_offset="earliest"))
     tag = uuid.uuid4().hex[:4]
     incs = {f"a{tag}-1": S.RECOVERED, f"a{tag}-2": S.RECOVERED, f"a{tag}-3": S.ESCALATED}
     refs = {f"INC-{i}" for i in incs}
@@ -222,8 +223,8 @@ def test_a_storm_of_transitions_is_a_handful_of_messages(
     rx = receiver
     config = load(write_config(tmp_path, rx, monkeypatch, channels=("slack", "webhook"),
                                hold_s=1.0))
-    service = AlertsService(config, kafka, ServiceOptions(group_id=f"{kafka.topic_prefix}-storm",
-                                                          from_offset="earliest"))
+    service = AlertsService(config, KafkaBus(kafka), ServiceOptions(
+        group_id=f"{kafka.topic_prefix}-storm", from_offset="earliest"))
     tag = uuid.uuid4().hex[:4]
     incs = [f"s{tag}-{i:03d}" for i in range(150)]
 
@@ -282,11 +283,12 @@ def test_a_restart_neither_repeats_nor_loses_messages(
         async with EventProducer(kafka) as producer:
             for ev in opening("job-restart", inc):
                 await producer.send(ev)
-            first = AlertsService(config, kafka, ServiceOptions(group, from_offset="earliest"))
+            first = AlertsService(config, KafkaBus(kafka),
+                                  ServiceOptions(group, from_offset="earliest"))
             await run_until(first, lambda: kinds() == ["opened"])
             for ev in closing("job-restart", inc, S.RECOVERED):
                 await producer.send(ev)
-        second = AlertsService(config, kafka, ServiceOptions(group, from_offset="latest"))
+        second = AlertsService(config, KafkaBus(kafka), ServiceOptions(group, from_offset="latest"))
         await run_until(second, lambda: "recovered" in kinds())
 
     arun(scenario(), timeout_s=58)

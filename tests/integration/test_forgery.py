@@ -30,6 +30,7 @@ from trainguard.actuators.fencing import identify, stop_process
 from trainguard.actuators.local import LocalBackend
 from trainguard.actuators.service import Actuator, ActuatorOptions
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.kafka import KafkaBus
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, make_event
@@ -107,7 +108,7 @@ def test_a_forged_pool_is_not_believed_by_a_restarted_actuator(kafka: KafkaConfi
                           subject=Subject(unit="u0", rank=0))
 
     def actuator() -> Actuator:
-        return Actuator(kafka, ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
+        return Actuator(KafkaBus(kafka), ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
                                                signer=keys.ACTUATOR,
                                                state_dir=tmp_path / "state", launch=True),
                         LocalBackend(tmp_path / "logs", use_cgroups=False))

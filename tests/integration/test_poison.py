@@ -228,7 +228,7 @@ def test_alerts_send_one_notice_per_incident_past_poison_and_duplicates(
         config = load(path)
 
         def service() -> AlertsService:
-            return AlertsService(config, kafka, ServiceOptions(
+            return AlertsService(config, KafkaBus(kafka), ServiceOptions(
                 group_id=f"{kafka.topic_prefix}-alerts", from_offset="earliest"))
 
         def titles() -> list[str]:
@@ -352,7 +352,7 @@ def test_actuator_dead_letters_poison_and_a_command_that_crashes_it_and_carries_
     monkeypatch.setattr(Actuator, "handle", handle)
 
     def actuator() -> Actuator:
-        return Actuator(kafka, ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
+        return Actuator(KafkaBus(kafka), ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
                                                signer=keys.ACTUATOR, launch=True,
                                                state_dir=tmp_path / "state", max_age_s=60),
                         LocalBackend(tmp_path / "logs", use_cgroups=False))
@@ -456,7 +456,7 @@ def test_a_late_copy_of_an_old_pool_event_does_not_undo_the_newer_one(
         await publish(kafka, [bound])  # the producer's retry of the first, after the second
         if reader == "decide":
             return (await _decide_for(kafka, 3.0)).state.pool
-        actuator = Actuator(kafka, ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
+        actuator = Actuator(KafkaBus(kafka), ActuatorOptions(job=spec, key=keys.COMMAND_PUB,
                                                    signer=keys.ACTUATOR,
                                                    state_dir=tmp_path / "s"),
                             LocalBackend(tmp_path / "logs", use_cgroups=False))

@@ -13,8 +13,8 @@ from tests import keys
 from trainguard.actuators.backend import Backend
 from trainguard.actuators.jobspec import parse_job_spec
 from trainguard.actuators.service import Actuator, ActuatorOptions
-from trainguard.bus.config import KafkaConfig
-from trainguard.bus.producer import EventProducer
+from trainguard.bus.memory import MemoryBus
+from trainguard.bus.protocol import EventSink
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import CommandAction, CommandOutcome, OutcomeStatus
@@ -42,10 +42,10 @@ def outcome() -> Event:
 
 
 def actuator(tmp_path: Path, producer: Producer) -> Actuator:
-    act = Actuator(KafkaConfig(bootstrap="127.0.0.1:1", topic_prefix="t", client_id="test"),
+    act = Actuator(MemoryBus("t"),
                    ActuatorOptions(job=parse_job_spec(SPEC), key=keys.COMMAND_PUB,
                                    signer=keys.ACTUATOR, state_dir=tmp_path), cast(Backend, None))
-    act.producer = cast(EventProducer, producer)
+    act.producer = cast(EventSink, producer)
     return act
 
 

@@ -1,4 +1,5 @@
-"""`trainguard actuator`: the Kafka edge around the executor.
+"""`trainguard actuator`: the bus edge around the executor (Kafka in production,
+``bus/memory.py`` in unit tests: a ``Bus`` from ``bus/protocol.py``).
 
 At start it reads the outcomes topic from the beginning: the pool (``pool.unit``) and the used
 idempotency keys (``command.outcome``) are rebuilt from the log, merged with the local ledger
@@ -34,9 +35,8 @@ from trainguard.actuators.jobspec import JobSpec
 from trainguard.actuators.journal import Journal, in_flight, phase_record
 from trainguard.actuators.ledger import Ledger
 from trainguard.actuators.pool import rebuild
-from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import Delivered, EventConsumer
-from trainguard.bus.producer import EventProducer
+from trainguard.bus.consumer import Delivered
+from trainguard.bus.protocol import Bus, EventSink, EventSource
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
@@ -69,11 +69,11 @@ class ActuatorOptions:
 
 
 class Actuator:
-    def __init__(self, cfg: KafkaConfig, opts: ActuatorOptions, backend: Backend) -> None:
-        self.cfg = cfg
+    def __init__(self, bus: Bus, opts: ActuatorOptions, backend: Backend) -> None:
+        self.bus = bus
         self.opts = opts
         self.backend = backend
-        self.producer: EventProducer | None = None  # made inside the running loop
+        self.producer: EventSink | None = None  # made inside the running loop
         self.ledger = Ledger(opts.state_dir / f"ledger-{opts.job.job_id}.jsonl")
         self.journal = Journal(opts.state_dir / f"commands-{opts.job.job_id}.journal")
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -122,14 +122,14 @@ class Actuator:
 
     async def _rebuild(self) -> Executor:
         job = self.opts.job.job_id
-        reader = EventConsumer(self.cfg, [TopicRole.OUTCOMES], group_id=None,
-                               name="actuator-rebuild", dlq=self.producer, dedupe=True,
-                               check=self.trust.check)
+        reader = self.bus.consumer([TopicRole.OUTCOMES], group_id=None,
+                                   name="actuator-rebuild", dlq=self.producer, dedupe=True,
+                                   check=self.trust.check)
         await reader.start()
         try:
             history = [d.event for d in await reader.drain(idle_ms=500, limit_s=300)]
             # a partial pool could launch a second copy of a running job: never act on one
-            if not await reader._caught_up():
+            if not await reader.caught_up():
                 raise RuntimeError("could not read the outcomes topic to its end within "
                                    "300 s: the pool cannot be rebuilt, refusing to act")
         finally:
@@ -149,12 +149,12 @@ class Actuator:
                     len(executor.pool.units), len(self.ledger.entries))
         return executor
 
-    def _prod(self) -> EventProducer:
+    def _prod(self) -> EventSink:
         assert self.producer is not None, "run() starts the producer"
         return self.producer
 
     async def run(self, stop: asyncio.Event) -> None:
-        self.producer = EventProducer(self.cfg)
+        self.producer = self.bus.producer()
         await self.producer.start()
         self._start_publisher()
         try:
@@ -199,7 +199,7 @@ class Actuator:
         knows and proves alive (confirmed dead, units released, each a ``pool.unit fenced``
         event), close the command in flight (never finished later) and stop the warm
         launcher. What was released."""
-        self.producer = EventProducer(self.cfg)
+        self.producer = self.bus.producer()
         await self.producer.start()
         self._start_publisher()
         try:
@@ -218,13 +218,13 @@ class Actuator:
 
     async def _serve(self, ex: Executor, stop: asyncio.Event) -> None:
         job = self.opts.job.job_id
-        group = self.opts.group_id or f"{self.cfg.topic_prefix}-actuator-{job}"
+        group = self.opts.group_id or f"{self.bus.names.prefix}-actuator-{job}"
         # Commands are not deduplicated here: the ledger refuses a command seen again
         # ("replayed"), and that refusal is on the log for whoever replayed a signed command.
-        commands = EventConsumer(self.cfg, [TopicRole.COMMANDS], group_id=group,
-                                 name="actuator", dlq=self.producer, check=self.trust.check)
-        task = EventConsumer(self.cfg, [TopicRole.TASK], group_id=None, name="actuator-epochs",
-                             dlq=self.producer, from_offset="latest")
+        commands = self.bus.consumer([TopicRole.COMMANDS], group_id=group, name="actuator",
+                                     dlq=self.producer, check=self.trust.check)
+        task = self.bus.consumer([TopicRole.TASK], group_id=None, name="actuator-epochs",
+                                 dlq=self.producer, from_offset="latest")
         await commands.start()
         await task.start()
         try:
@@ -245,7 +245,7 @@ class Actuator:
     async def _check_report(ex: Executor, event: Event) -> None:
         ex.check_report(event)
 
-    async def _guarded(self, consumer: EventConsumer, item: Delivered,
+    async def _guarded(self, consumer: EventSource, item: Delivered,
                        handling: Awaitable[None]) -> None:
         """Handle one record; if that raises, the record is poison: dead-lettered with the
         reason and logged, and the caller commits past it (a command that crashed the

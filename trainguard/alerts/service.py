@@ -1,4 +1,5 @@
-"""`trainguard alerts run`: incident transitions from Kafka (a consumer group) to every channel.
+"""`trainguard alerts run`: incident transitions from the bus (a consumer group; Kafka in
+production, ``bus/memory.py`` in unit tests) to every channel.
 
 Offsets are committed only when nothing read is still held by the coalescer or waiting in a
 channel's queue, so a restart re-reads what was not yet delivered (at least once); an incident
@@ -20,9 +21,7 @@ from trainguard.alerts.delivery import ChannelWorker
 from trainguard.alerts.http import AiohttpPoster, Poster
 from trainguard.alerts.metrics import AlertMetrics
 from trainguard.alerts.model import Notice, transition_from_event
-from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
-from trainguard.bus.producer import EventProducer
+from trainguard.bus.protocol import Bus, EventSource
 from trainguard.events.topics import TopicRole
 
 log = logging.getLogger(__name__)
@@ -40,7 +39,7 @@ class ServiceOptions:
 @dataclass
 class AlertsService:
     config: AlertsConfig
-    kafka: KafkaConfig
+    bus: Bus
     options: ServiceOptions
     metrics: AlertMetrics = field(default_factory=AlertMetrics)
     poster: Poster = field(default_factory=AiohttpPoster)
@@ -57,10 +56,10 @@ class AlertsService:
                              for w in self.workers if w.policy.resend_s}
 
     async def run(self, stop: asyncio.Event) -> None:
-        dlq = EventProducer(self.kafka)
-        consumer = EventConsumer(self.kafka, [TopicRole.INCIDENTS], group_id=self.options.group_id,
-                                 name="trainguard-alerts", dlq=dlq,
-                                 from_offset=self.options.from_offset)
+        dlq = self.bus.producer()
+        consumer = self.bus.consumer([TopicRole.INCIDENTS], group_id=self.options.group_id,
+                                     name="trainguard-alerts", dlq=dlq,
+                                     from_offset=self.options.from_offset)
         try:
             await dlq.start()
             await consumer.start()
@@ -82,7 +81,7 @@ class AlertsService:
             await dlq.stop()
             await self.poster.close()
 
-    async def _loop(self, consumer: EventConsumer, stop: asyncio.Event) -> None:
+    async def _loop(self, consumer: EventSource, stop: asyncio.Event) -> None:
         # Committed every second while nothing is held, records or not: a new group's
         # starting position ('latest') is then fixed at once, and a restart misses nothing.
         last_commit = self.clock()
@@ -128,13 +127,13 @@ class AlertsService:
     def _all_delivered(self) -> bool:
         return not self.coalescer.pending() and all(w.idle for w in self.workers)
 
-    async def _commit(self, consumer: EventConsumer) -> None:
+    async def _commit(self, consumer: EventSource) -> None:
         try:
             await consumer.commit()
         except Exception as err:  # a rebalance: the next commit carries the offsets
             log.warning("alerts: commit failed (%s); will retry", type(err).__name__)
 
-    async def _drain(self, consumer: EventConsumer) -> None:
+    async def _drain(self, consumer: EventSource) -> None:
         self._dispatch(self.coalescer.flush_all())
         deadline = self.clock() + self.options.drain_s
         while self.clock() < deadline and not self._all_delivered():

@@ -225,12 +225,12 @@ class EventConsumer:
         out: list[Delivered] = []
         while loop.time() < deadline:
             batch = await self.poll(timeout_ms=idle_ms)
-            if not batch and await self._caught_up():
+            if not batch and await self.caught_up():
                 break
             out.extend(batch)
         return out
 
-    async def _caught_up(self) -> bool:
+    async def caught_up(self) -> bool:
         parts = self._consumer.assignment()
         if not parts:
             return False

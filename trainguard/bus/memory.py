@@ -261,6 +261,9 @@ class MemoryConsumer:
             out.extend(await self._accept(self._take(None)))
         return out
 
+    async def caught_up(self) -> bool:
+        return not self._take_pending()
+
     def _take_pending(self) -> bool:
         return any(pos < len(self.bus.partitions(t)[p]) for (t, p), pos in self._pos().items())
 

@@ -70,6 +70,11 @@ class EventSource(Protocol):
         """Everything up to the end of the topics now."""
         ...
 
+    async def caught_up(self) -> bool:
+        """Whether this consumer's position is the end of every partition it reads now
+        (after ``drain``: False means it ran out of time, and what it read is partial)."""
+        ...
+
 
 class Bus(Protocol):
     names: TopicNames

@@ -51,6 +51,7 @@ def _run(args: argparse.Namespace) -> int:
     from trainguard.actuators.jobspec import JobSpecError, load_job_spec
     from trainguard.actuators.local import LocalBackend
     from trainguard.actuators.service import Actuator, ActuatorOptions
+    from trainguard.bus.kafka import KafkaBus
 
     try:
         job = load_job_spec(args.job_spec)
@@ -64,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = kafka_config(args, client_id=f"trainguard-actuator-{job.job_id}")
     sdir = args.state_dir or state_dir() / f"actuator-{job.job_id}"
     backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
-    actuator = Actuator(cfg, ActuatorOptions(job=job, key=key, signer=signer,
+    actuator = Actuator(KafkaBus(cfg), ActuatorOptions(job=job, key=key, signer=signer,
                                              trusted=trusted, state_dir=sdir,
                                              launch=args.launch, max_age_s=args.max_age_s),
                         backend)

@@ -70,11 +70,12 @@ def _check(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from trainguard.alerts.secrets import install_redaction
     from trainguard.alerts.service import AlertsService, ServiceOptions
+    from trainguard.bus.kafka import KafkaBus
 
     config = _load(args.config)
     install_redaction(config.redactor)
     cfg = kafka_config(args, client_id="trainguard-alerts")
-    service = AlertsService(config, cfg, ServiceOptions(
+    service = AlertsService(config, KafkaBus(cfg), ServiceOptions(
         group_id=args.group_id or f"{cfg.topic_prefix}-alerts", from_offset=args.from_offset))
     if args.metrics_port:
         from prometheus_client import start_http_server
