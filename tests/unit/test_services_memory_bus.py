@@ -1,28 +1,47 @@
-"""The decision service and the incident service, whole, on the in-memory bus: what they read,
-what they publish, and that a restart publishes nothing twice — without a broker."""
+"""The decision, incident, actuator, alerts and metrics services, whole, on the in-memory
+bus: what they read, what they publish, and that a restart does nothing twice — without a
+broker."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+from collections import Counter
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests import keys
 from trainguard.actuators import signing
+from trainguard.actuators.backend import Released, Replica, StaleAction
 from trainguard.actuators.decider import Decider, DeciderOptions
+from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.policy import PolicyConfig
+from trainguard.actuators.service import Actuator, ActuatorOptions
 from trainguard.actuators.signing import verify
+from trainguard.alerts.channels.base import HttpRequest
+from trainguard.alerts.config import build, parse
+from trainguard.alerts.http import PostFailed, Reply
+from trainguard.alerts.service import AlertsService
+from trainguard.alerts.service import ServiceOptions as AlertsOptions
+from trainguard.bus.dlq import DeadLetter
 from trainguard.bus.memory import MemoryBus
-from trainguard.events.codec import make_event
+from trainguard.events.clock import now_us
+from trainguard.events.codec import decode, make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
     Command,
     CommandAction,
+    CommandOutcome,
+    IncidentState,
+    IncidentTransition,
     MigrateParams,
+    OutcomeStatus,
     PoolUnit,
+    RaiseQuotaParams,
     Severity,
     UnitState,
     Verdict,
@@ -159,3 +178,151 @@ def test_incident_service_publishes_the_rebuilt_transitions_once() -> None:
     assert first.published == len(expected) and first.batches >= 1  # the live half too
     assert again.published == 0 and again.already_published == len(expected)
     assert len(_transitions(bus)) == len(expected)
+
+
+# --- the actuator --------------------------------------------------------------------------
+
+
+class FakeBackend:
+    """The Backend Protocol in memory: replicas are records, nothing runs; what was asked."""
+
+    def __init__(self) -> None:
+        self.replicas: dict[int, Replica] = {}
+        self.quotas: list[tuple[str, float | None]] = []
+        self._pid = 4000
+
+    def launch(self, job: JobSpec, unit: UnitSpec, rank: int, epoch: int, port: int,
+               command_id: str | None = None) -> Replica:
+        self._pid += 1
+        rep = Replica(rank=rank, unit=unit.name, epoch=epoch, pid=self._pid, create_time=1.0)
+        self.replicas[rank] = rep
+        return rep
+
+    def fence(self, job: JobSpec, replica: Replica) -> Released:
+        self.replicas.pop(replica.rank, None)
+        return Released((replica.unit,), "sigterm")
+
+    def live(self, job: JobSpec) -> list[Replica]:
+        return list(self.replicas.values())
+
+    def epoch(self, job: JobSpec, rank: int | None = None) -> int:
+        return max((r.epoch for r in self.replicas.values()
+                    if rank is None or r.rank == rank), default=0)
+
+    def stop_stale(self, job: JobSpec, rank: int, epoch: int, pid: int | None) -> StaleAction:
+        return "discarded"
+
+    def set_quota(self, job: JobSpec, unit: UnitSpec, pct: float | None) -> str:
+        self.quotas.append((unit.name, pct))
+        return f"quota {pct}"
+
+    def request_checkpoint(self, job: JobSpec, replica: Replica) -> str:
+        return "asked"
+
+    def unreachable(self, job: JobSpec, unit: UnitSpec) -> str | None:
+        return None
+
+
+def _job(tmp_path: Path) -> JobSpec:
+    return JobSpec(job_id=JOB, world_size=1, command=("true",), node="n1",
+                   units=(UnitSpec("u0", (0,), 0), UnitSpec("spare", (1,), None)),
+                   ckpt_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs")
+
+
+def _quota_command(key: str, *, signed: bool) -> Event:
+    cmd = Command(command_id=f"cmd-{key}", idempotency_key=key,
+                  action=CommandAction.RAISE_QUOTA, tier=1, issued_at=now_us(),
+                  issued_by="trainguard-decide", params=RaiseQuotaParams(rank=0, quota_pct=80))
+    subject = Subject(rank=0)
+    if signed:
+        cmd = signing.sign(KEY, JOB, subject, cmd)
+    return make_event(cmd, event_id=f"ev-{key}", job_id=JOB, event_time=cmd.issued_at,
+                      source="test", subject=subject)
+
+
+def _outcomes(bus: MemoryBus) -> list[CommandOutcome]:
+    return [e.payload for e in bus.events(TopicRole.OUTCOMES)
+            if isinstance(e.payload, CommandOutcome)]
+
+
+def test_actuator_acts_once_on_a_signed_command_and_dead_letters_an_unsigned_one(
+        tmp_path: Path) -> None:
+    bus = MemoryBus()
+    backend = FakeBackend()
+    opts = ActuatorOptions(job=_job(tmp_path), key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True)
+    good = _quota_command("k-good", signed=True)
+
+    async def go() -> None:
+        first = Actuator(bus, opts, backend)
+        await publish(bus, [_quota_command("k-unsigned", signed=False), good])
+        await run_until(first.run, lambda: len(_outcomes(bus)) >= 2)
+        # restarted: the group's position is committed, the ledger is rebuilt from the log;
+        # the very same signed command sent again is a replay, refused, never acted on
+        await run_until(Actuator(bus, opts, backend).run, lambda: False, limit_s=0.5)
+        await publish(bus, [good])
+        await run_until(Actuator(bus, opts, backend).run, lambda: len(_outcomes(bus)) >= 3)
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    got = [(o.idempotency_key, o.status) for o in _outcomes(bus)]
+    assert got == [("k-good", OutcomeStatus.ACCEPTED), ("k-good", OutcomeStatus.DONE),
+                   ("k-good", OutcomeStatus.REFUSED)]
+    assert backend.quotas == [("u0", 80)]  # acted once
+    outs = [e for e in bus.events(TopicRole.OUTCOMES) if isinstance(e.payload, CommandOutcome)]
+    assert all(signing.verify_event(keys.ACTUATOR_PUBS, e) is None for e in outs)  # its key
+    letters = [DeadLetter.decode(r.value) for r in bus.records(TopicRole.DLQ)
+               if r.value is not None]
+    assert len(letters) == 1 and "signature" in letters[0].reason
+    assert decode(base64.b64decode(letters[0].value_b64)).event_id == "ev-k-unsigned"
+    assert len(backend.replicas) == 1  # launched once: the restarts found the job bound
+
+
+# --- alerts --------------------------------------------------------------------------------
+
+
+class RecordingPoster:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+
+    async def post(self, request: HttpRequest, timeout_s: float) -> Reply | PostFailed:
+        self.bodies.append(request.body)
+        return Reply(200, b"ok")
+
+    async def close(self) -> None:
+        pass
+
+
+def _transition(inc: str, seq: int, frm: IncidentState | None,
+                to: IncidentState) -> Event:
+    payload = IncidentTransition(incident_id=inc, seq=seq, from_state=frm, to_state=to,
+                                 reason=f"test {to.value}")
+    return make_event(payload, event_id=derived_id("test-it", inc, seq), job_id=JOB,
+                      event_time=now_us(), source="test", subject=Subject(node="n1", rank=0))
+
+
+def test_alerts_send_one_notice_per_incident_to_a_channel() -> None:
+    bus = MemoryBus()
+    config = build(parse({"channels": [{"name": "hook", "type": "webhook",
+                                        "url": "https://hooks.example.com/tg"}],
+                          "coalesce": {"hold_s": 0, "flush_s": 0.05}}), environ={})
+    poster = RecordingPoster()
+    service = AlertsService(config, bus, AlertsOptions(group_id="tg-alerts",
+                                                        from_offset="earliest", poll_ms=20,
+                                                        commit_every_s=0.05),
+                            poster=poster)
+    incs = ["inc-a", "inc-b", "inc-c"]
+    opened = [_transition(i, n, frm, to) for i in incs for n, (frm, to) in enumerate(
+        [(None, IncidentState.DETECTED), (IncidentState.DETECTED, IncidentState.LOCATED)])]
+
+    async def go() -> None:
+        await publish(bus, opened)
+        await run_until(service.run, lambda: len(poster.bodies) >= len(incs))
+        # restarted with the same group: what was delivered and committed is not sent again
+        again = AlertsService(config, bus, AlertsOptions(group_id="tg-alerts", poll_ms=20),
+                              poster=poster)
+        await run_until(again.run, lambda: False, limit_s=0.5)
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    per_incident = Counter(i for body in poster.bodies for i in incs if i.encode() in body)
+    assert per_incident == Counter(incs), poster.bodies
+    assert len(poster.bodies) == len(incs)
