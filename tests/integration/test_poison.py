@@ -266,7 +266,8 @@ def test_metrics_count_every_valid_event_once_and_the_poison_as_invalid(
         return sum(s.value for m in reg.collect() for s in m.samples if s.name == name)
 
     async def scenario() -> None:
-        service = MetricsService(kafka, recorder, group_id=f"{kafka.topic_prefix}-metrics",
+        service = MetricsService(KafkaBus(kafka), recorder,
+                                 group_id=f"{kafka.topic_prefix}-metrics",
                                  from_offset="earliest")
         task = asyncio.create_task(service.run())
         loop = asyncio.get_running_loop()

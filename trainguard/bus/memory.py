@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from trainguard.bus.consumer import DEDUPE_IDS, Check, ConsumerStats, Delivered, SeenIds
 from trainguard.bus.dlq import dead_letter, refusal
 from trainguard.bus.producer import stamp_ingest
-from trainguard.bus.protocol import EventSink
+from trainguard.bus.protocol import EventSink, RawRecord
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode, partition_key
 from trainguard.events.envelope import Event
@@ -104,6 +104,11 @@ class MemoryBus:
 
     async def read(self, roles: Sequence[TopicRole]) -> list[Event]:
         return [e for role in roles for e in self.events(role)]
+
+    def raw_source(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
+                   from_offset: str = "earliest") -> MemoryRecordSource:
+        return MemoryRecordSource(self, roles, group_id=group_id, name=name,
+                                  from_offset=from_offset)
 
 
 class MemoryProducer:
@@ -266,6 +271,46 @@ class MemoryConsumer:
 
     def _take_pending(self) -> bool:
         return any(pos < len(self.bus.partitions(t)[p]) for (t, p), pos in self._pos().items())
+
+
+class MemoryRecordSource:
+    """``Bus.raw_source`` in memory: the positions and commits of ``MemoryConsumer``, the records
+    as they are."""
+
+    def __init__(self, bus: MemoryBus, roles: Sequence[TopicRole], *, group_id: str | None,
+                 name: str, from_offset: str = "earliest") -> None:
+        self._reader = MemoryConsumer(bus, roles, group_id=group_id, name=name, dlq=None,
+                                      from_offset=from_offset)
+        self.bus = bus
+        self.name = name
+
+    async def start(self) -> None:
+        await self._reader.start()
+
+    async def stop(self) -> None:
+        await self._reader.stop()
+
+    async def poll(self, timeout_ms: int = 1000,
+                   max_records: int | None = None) -> list[RawRecord]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while True:
+            taken = self._reader._take(max_records)
+            if taken:
+                return [RawRecord(t, p, o, r.key, r.value) for t, p, o, r in taken]
+            if loop.time() >= deadline:
+                return []
+            await asyncio.sleep(min(POLL_STEP_S, max(0.0, deadline - loop.time())))
+
+    async def commit(self) -> None:
+        await self._reader.commit()
+
+    async def lag(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for (topic, partition), pos in self._reader._pos().items():
+            end = len(self.bus.partitions(topic)[partition])
+            out[topic] = out.get(topic, 0) + max(0, end - pos)
+        return out
 
 
 def _decode(value: bytes | None) -> Event:

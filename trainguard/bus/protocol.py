@@ -12,12 +12,19 @@ The semantics both keep:
   never reaches the caller: it goes to the dead-letter topic (through ``dlq``) with its reason
   and reading carries on.
 - ``read(roles)``: every valid event now on the topics (no group, nothing committed).
+- ``raw_source(roles, ...)``: the records as they are (bytes, tombstones, dead letters: nothing
+  decoded, nothing dead-lettered), for a reader that judges them itself (the metrics service
+  counts invalid records; their own consumers dead-letter them). Group positions as above;
+  ``lag()`` is how far the reader is behind the end of each topic.
+- Kafka only (``GroupLagSource``, optional): other consumer groups' committed positions from the
+  admin API; a service checks ``isinstance(source, GroupLagSource)`` and goes without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 from trainguard.bus.consumer import Check, ConsumerStats, Delivered
 from trainguard.events.envelope import Event
@@ -76,6 +83,44 @@ class EventSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RawRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None  # None: a tombstone
+
+
+class RecordSource(Protocol):
+    """Records as they are, in partition order (``Bus.raw_source``)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def poll(self, timeout_ms: int = 1000,
+                   max_records: int | None = None) -> list[RawRecord]: ...
+
+    async def commit(self) -> None:
+        """Record the group's position (what was polled)."""
+        ...
+
+    async def lag(self) -> dict[str, int]:
+        """Topic -> records between this reader's position and the end now (topics it has
+        positions on)."""
+        ...
+
+
+@runtime_checkable
+class GroupLagSource(Protocol):
+    """Optional (Kafka only): other groups' committed positions, from the admin API."""
+
+    async def group_lags(self, groups: Sequence[str]) -> dict[tuple[str, str], int]:
+        """(group, topic role) -> records behind, for every role the group committed on."""
+        ...
+
+
 class Bus(Protocol):
     names: TopicNames
 
@@ -92,4 +137,9 @@ class Bus(Protocol):
 
     async def read(self, roles: Sequence[TopicRole]) -> list[Event]:
         """Every valid event now on the topics of ``roles`` (refused records are skipped)."""
+        ...
+
+    def raw_source(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
+                   from_offset: str = "earliest") -> RecordSource:
+        """The raw records of ``roles`` (see the module's text)."""
         ...

@@ -49,6 +49,7 @@ def _otlp_arg(p: argparse.ArgumentParser) -> None:
 def _serve(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
+    from trainguard.bus.kafka import KafkaBus
     from trainguard.metrics.recorder import Recorder
     from trainguard.metrics.registry import PipelineMetrics
     from trainguard.metrics.service import EventSink, MetricsService
@@ -67,7 +68,7 @@ def _serve(args: argparse.Namespace) -> int:
                 cfg.topic_prefix, endpoint or "off")
 
     async def main() -> None:
-        service = MetricsService(cfg, recorder, group_id=args.group or
+        service = MetricsService(KafkaBus(cfg), recorder, group_id=args.group or
                                  f"{cfg.topic_prefix}-metrics", from_offset=args.from_offset,
                                  sinks=sinks, watch_groups=args.watch_group)
         loop = asyncio.get_running_loop()
