@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 from trainguard.bus.consumer import Delivered
 from trainguard.bus.dlq import DeadLetter
-from trainguard.bus.protocol import Bus, EventSource
-from trainguard.events.codec import make_event
+from trainguard.bus.protocol import Bus, EventSource, RawRecord, RecordSource
+from trainguard.events.codec import decode, make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import Heartbeat
 from trainguard.events.topics import TopicRole
@@ -194,3 +194,77 @@ class BusContract:
         assert sorted(e.event_id for e in everything) == sorted(
             beat(f"job-{n % 2}", n).event_id for n in range(4))
         assert sorted(e.event_id for e in drained) == sorted(e.event_id for e in everything)
+
+    def test_caught_up_says_whether_the_reader_is_at_the_end(self, bus: Bus) -> None:
+        async def go() -> tuple[bool, bool, bool]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                for n in range(3):
+                    await prod.send(beat("job-a", n))
+                consumer = bus.consumer([TopicRole.TASK], group_id=None, name="c", dlq=prod)
+                await consumer.start()
+                try:
+                    await consumer.drain(idle_ms=500, limit_s=30)
+                    after_drain = await consumer.caught_up()
+                    await prod.send(beat("job-a", 3))
+                    behind = await consumer.caught_up()
+                    await poll_until(consumer, 1)
+                    again = await consumer.caught_up()
+                finally:
+                    await consumer.stop()
+                return after_drain, behind, again
+            finally:
+                await prod.stop()
+        assert run(go()) == (True, False, True)
+
+    def test_a_raw_source_gives_records_as_they_are_with_group_positions_and_lag(
+            self, bus: Bus) -> None:
+        topic = bus.names.name(TopicRole.TASK)
+
+        async def read_until(source: RecordSource, n: int, limit_s: float = 30.0
+                             ) -> list[RawRecord]:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + limit_s
+            out: list[RawRecord] = []
+            while len(out) < n and loop.time() < deadline:
+                out += await source.poll(timeout_ms=200)
+            return out
+
+        async def go() -> tuple[list[RawRecord], dict[str, int], list[RawRecord],
+                                dict[str, int]]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                await prod.send(beat("job-a", 0))
+                await prod.send_raw(topic, b"not an event", key=b"job-a")
+                a = bus.raw_source([TopicRole.TASK], group_id="raw", name="a")
+                await a.start()
+                try:
+                    first = await read_until(a, 2)
+                    lag = await a.lag()
+                    await a.commit()
+                finally:
+                    await a.stop()
+                await prod.send(beat("job-a", 1))
+                b = bus.raw_source([TopicRole.TASK], group_id="raw", name="b")
+                await b.start()
+                try:
+                    second = await read_until(b, 1)
+                    await asyncio.sleep(0.3)
+                    second += await b.poll(timeout_ms=300)  # nothing more
+                    lag_b = await b.lag()
+                finally:
+                    await b.stop()
+                return first, lag, second, lag_b
+            finally:
+                await prod.stop()
+        first, lag, second, lag_b = run(go())
+        assert [r.value for r in first][1] == b"not an event"  # bytes as they are
+        assert first[0].value is not None and decode(first[0].value).event_id == "hb-job-a-0000"
+        assert {r.topic for r in first} == {topic} and first[1].key == b"job-a"
+        assert len({r.partition for r in first}) == 1 and first[0].offset < first[1].offset
+        assert sum(lag.values()) == 0 and sum(lag_b.values()) == 0
+        assert len(second) == 1 and second[0].value is not None  # from the group's commit on
+        assert decode(second[0].value).event_id == "hb-job-a-0001"
+        assert self.dead_letters(bus) == []  # a raw reader dead-letters nothing

@@ -27,7 +27,7 @@ from trainguard.alerts.http import PostFailed, Reply
 from trainguard.alerts.service import AlertsService
 from trainguard.alerts.service import ServiceOptions as AlertsOptions
 from trainguard.bus.dlq import DeadLetter
-from trainguard.bus.memory import MemoryBus
+from trainguard.bus.memory import MemoryBus, Record
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, make_event
 from trainguard.events.envelope import Event, Subject
@@ -53,6 +53,9 @@ from trainguard.incidents import IncidentSettings, rebuild
 from trainguard.incidents.query import canonical
 from trainguard.incidents.service import ServiceStats, serve
 from trainguard.incidents.synth import incident_log
+from trainguard.metrics.recorder import Recorder
+from trainguard.metrics.registry import PipelineMetrics
+from trainguard.metrics.service import MetricsService
 
 pytestmark = pytest.mark.unit
 JOB = "job-a"
@@ -326,3 +329,56 @@ def test_alerts_send_one_notice_per_incident_to_a_channel() -> None:
     per_incident = Counter(i for body in poster.bodies for i in incs if i.encode() in body)
     assert per_incident == Counter(incs), poster.bodies
     assert len(poster.bodies) == len(incs)
+
+
+# --- metrics -------------------------------------------------------------------------------
+
+
+def test_metrics_count_each_event_once_and_invalid_records_apart() -> None:
+    bus = MemoryBus()
+    events = LOG[:40]
+    task = bus.names.name(TopicRole.TASK)
+
+    def total(recorder: Recorder, name: str) -> float:
+        return sum(s.value for m in recorder.metrics.registry.collect() for s in m.samples
+                   if s.name == name)
+
+    async def go() -> tuple[Recorder, Recorder]:
+        prod = bus.producer()
+        await prod.start()
+        for e in events:
+            await prod.send(e)
+        for e in events[:10]:  # redelivered (the same event id twice on the log)
+            await prod.send(e)
+        await prod.send_raw(task, b"not an event", key=b"job")
+        bus.append(task, Record(b"job", None))  # a tombstone
+        await prod.stop()
+        first = Recorder(PipelineMetrics())
+        service = MetricsService(bus, first, group_id="tg-metrics", from_offset="earliest",
+                                 lag_every_s=0.0)
+        await run_until(lambda s: _metrics_until(service, s),
+                        lambda: total(first, "trainguard_invalid_records_total") >= 2
+                        and total(first, "trainguard_events_total") >= len(events))
+        # restarted, same group: what was committed is not counted again
+        again = Recorder(PipelineMetrics())
+        restarted = MetricsService(bus, again, group_id="tg-metrics", lag_every_s=0.0)
+        await run_until(lambda s: _metrics_until(restarted, s), lambda: False, limit_s=0.5)
+        return first, again
+
+    first, again = asyncio.run(asyncio.wait_for(go(), 60))
+    assert total(first, "trainguard_events_total") == len(events)
+    assert total(first, "trainguard_invalid_records_total") == 2
+    assert total(first, "trainguard_consumer_lag_records") == 0  # read to the end
+    assert total(again, "trainguard_events_total") == 0
+    assert total(again, "trainguard_invalid_records_total") == 0
+
+
+async def _metrics_until(service: MetricsService, stop: asyncio.Event) -> None:
+    async def relay() -> None:
+        await stop.wait()
+        service.stopping.set()
+    waiter = asyncio.create_task(relay())
+    try:
+        await service.run()
+    finally:
+        waiter.cancel()
