@@ -28,6 +28,7 @@ from trainguard.cli import (
     incident,
     metrics,
     replay,
+    score,
     streams,
     topics,
 )
@@ -54,6 +55,7 @@ SUBCOMMANDS: tuple[Register, ...] = (
     incident.register,
     metrics.register,
     replay.register,
+    score.register,
     streams.register,
     topics.register,
 )
