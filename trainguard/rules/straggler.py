@@ -268,7 +268,7 @@ class StragglerRule(RuleBase):
             expected = peer * math.exp(st.normal)
             d = lr - st.normal
             level = -1
-            if value - expected >= q.min_excess_ms:
+            if lr > 0.0 and value - expected >= q.min_excess_ms:  # slower than its peers
                 for j, lv in enumerate(levels):
                     if d > lv:
                         level = j
