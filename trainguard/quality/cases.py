@@ -88,7 +88,7 @@ def _hetero(regress: dict[int, int] | None = None, seed: int = 102) -> list[Even
     regress = regress or {}
 
     def speed(rank: int, step: int, rng: random.Random) -> float:
-        f = 6.0 ** (((rank * 3) % 8) / 7)
+        f: float = 6.0 ** (((rank * 3) % 8) / 7)
         return f * (2.2 if rank in regress and step >= regress[rank] else 1.0)
     return generate("hetero", 8, 600, speed, noise=0.1, seed=seed, base_ms=50.0)
 
