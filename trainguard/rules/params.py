@@ -89,7 +89,7 @@ PARAMS: dict[str, tuple[Param, ...]] = {
               "a step is over only when the rank is also this many ms above its expected time"),
         Param("warmup_steps", int, 10, ge(0),
               "closed steps of a new replica (or of the job's first) left out"),
-        Param("baseline_steps", int, 20, ge(1),
+        Param("baseline_steps", int, 10, ge(1),
               "judged steps that learn a rank's own normal (their median log-ratio)"),
         Param("normal_memory_steps", int, 200, ge(1),
               "afterwards the normal and the rates follow a running mean over this many steps"),
@@ -116,7 +116,7 @@ PARAMS: dict[str, tuple[Param, ...]] = {
     "job_slowdown": (
         Param("threshold_ratio", NUM, 1.3, gt(1), "job median window / job baseline"),
         *_STEP_WINDOW,
-        Param("baseline_steps", int, 20, ge(1), "closed steps that form the job baseline"),
+        Param("baseline_steps", int, 10, ge(1), "closed steps that form the job baseline"),
         Param("min_rank_fraction", NUM, 0.6, between(0, 1),
               "share of ranks over threshold needed (most ranks slow together)"),
         Param("resolve_ratio", NUM, 1.1, ge(1), ""),

@@ -75,6 +75,7 @@ class RankState:
 
     learn: list[float] = field(default_factory=list)  # log-ratios while learning its normal
     normal: float = 0.0  # its own normal log-ratio (valid once learned)
+    spread: float = 0.0  # its mean absolute deviation of the log-ratio around the normal
     learned: bool = False
     seen: int = 0  # steps learned from since (capped at normal_memory_steps)
     over_rates: list[float] = field(default_factory=list)  # own share of over-steps per level
@@ -87,6 +88,7 @@ class RankState:
     ref: float = 0.0  # while open: the log-ratio it was flagged against ...
     effect: float = 0.0  # ... and the effect it was opened with
     calm: int = 0  # steps back to normal while open
+    open_steps: int = 0  # steps judged since the verdict opened
 
     def doc(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -320,6 +322,7 @@ class StragglerRule(RuleBase):
         st.normal = median(st.learn)
         devs = [x - st.normal for x in st.learn]
         n = len(devs)
+        st.spread = sum(abs(d) for d in devs) / n
         st.over_rates = [sum(1 for d in devs if d > lv) / n for lv in self.levels]
         burst = math.log(self.q.burst_ratio)
         st.burst_rate = sum(1 for d in devs if d >= burst) / n
@@ -351,7 +354,9 @@ class StragglerRule(RuleBase):
             st.over_rates[j] += w * ((1.0 if level >= j else 0.0) - st.over_rates[j])
         st.burst_rate += w * (old[BURST] - st.burst_rate)
         pull = self.levels[0]
-        st.normal += w * min(max(old[L] - st.normal, -pull), pull)
+        dev = min(max(old[L] - st.normal, -pull), pull)
+        st.normal += w * dev
+        st.spread += w * (abs(dev) - st.spread)
 
     def _stage_outliers(self, candidates: list[str], judged: list[str], stage: str, step: int,
                         row: dict[str, list[float]]) -> list[Event]:
@@ -369,7 +374,11 @@ class StragglerRule(RuleBase):
             st = self.ranks[rank]
             med = median_without(values, bisect.bisect_left(values, st.normal))
             effect = st.normal - med
-            z = 0.6745 * effect / max(spread, q.min_sigma)
+            # the normal is a mean of `seen` noisy steps: its standard error (sigma ~ 1.25 x
+            # the mean absolute deviation, x1.2 for the peers' median's own error) bounds the
+            # scale from below, so a noisy job's normals are not told apart by noise
+            se = 1.2 * 1.2533 * st.spread / math.sqrt(max(st.seen, 1))
+            z = 0.6745 * effect / max(spread, q.min_sigma, 0.6745 * se)
             if effect < math.log(q.threshold_ratio) or z < q.outlier_z:
                 continue
             recent = st.hist[-q.n:]
@@ -384,8 +393,14 @@ class StragglerRule(RuleBase):
 
     def _open(self, key: str, rank: str, st: RankState, path: str, first_step: int,
               first_time: int, stage: str, step: int, time: int, ranks: int) -> list[Event]:
-        st.calm = 0
+        st.calm = st.open_steps = 0
         ev = self._evidence(st, stage, step, ranks)
+        if path == BURSTS:  # what the job waits for: the means over the burst span
+            judged = [r for r in st.hist if r[JUDGED]]
+            rank_ms, peer_ms = sum(r[MS] for r in judged), sum(r[PEER] for r in judged)
+            ev["ratio"] = num(rank_ms / peer_ms if peer_ms > 0 else float("inf"))
+            ev["adjusted_ratio"] = num(rank_ms / peer_ms / math.exp(st.ref)
+                                       if peer_ms > 0 else float("inf"))
         ev["path"] = path
         ev["first_anomalous_step"] = int(first_step)
         subject = Subject(rank=int(rank), node=self.s["node"].get(rank))
@@ -397,7 +412,12 @@ class StragglerRule(RuleBase):
         """An open verdict: resolve once the rank is back, reopen when it markedly worsens."""
         q = self.q
         effect = _recent_effect(st, st.ref, q.n)
-        if effect >= st.effect + math.log(q.worsen_ratio):
+        st.open_steps += 1
+        if st.open_steps <= q.burst_steps or effect < st.effect + math.log(q.worsen_ratio):
+            # settling (the window still fills with the fault), or no marked worsening: the
+            # worst effect seen so far is what a worsening is measured against
+            st.effect = max(st.effect, effect)
+        else:
             ev = self._evidence(st, stage, step, ranks)
             ev["worsened"] = True
             out = self.book.resolve(key, decided_time=time, evidence=ev)
