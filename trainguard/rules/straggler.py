@@ -38,8 +38,9 @@ offset. The reasoning behind every threshold is in docs/rules.md ("Straggler").
 An open verdict follows the rank: it resolves after ``resolve_windows`` steps whose median over
 the last ``n`` steps is within ``resolve_ratio`` of the reference it was flagged against (and at
 most ``burst_resolve_max`` bursts left in the span); a further worsening by ``worsen_ratio``
-over the effect it was opened with resolves it and opens a new one, so a later real regression
-is never hidden behind an earlier verdict.
+beyond the worst effect seen while open (after a settling span of ``burst_steps`` steps)
+resolves it and opens a new one, so a later real regression is never hidden behind an earlier
+verdict.
 """
 
 from __future__ import annotations
