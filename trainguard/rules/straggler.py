@@ -269,7 +269,10 @@ class StragglerRule(RuleBase):
                 self._push(st, [lr, value, peer, -1.0, step, time, 0.0, 0.0], False)
                 continue
             expected = peer * math.exp(st.normal)
-            d = lr - st.normal
+            # the normal rests on `seen` noisy steps: a step is over a level only by more than
+            # twice the normal's standard error, so a normal learned a little low from a short
+            # history does not make noise look like a straggler
+            d = lr - st.normal - 2.0 * 1.2533 * st.spread / math.sqrt(max(st.seen, 1))
             level = -1
             if lr > 0.0 and value - expected >= q.min_excess_ms:  # slower than its peers
                 for j, lv in enumerate(levels):
