@@ -3,22 +3,27 @@
     .venv/bin/python -m bench.bench_rules
 
 Prints figures; nothing is asserted (targets: >= 500k samples/s, <= 5 steps at 1.5x, 0 false
-verdicts over 100k rank-steps with +-10% noise). A step report is one sample; a telemetry
-record counts one sample per GPU.
+verdicts over 100k rank-steps with +-10% and +-20% noise and with a rotating slowest rank). A
+step report is one sample; a telemetry record counts one sample per GPU. Each figure is printed
+for the straggler rule as it was before issue 14 ("before", bench/legacy_straggler.py) and as it
+is ("after"), in the same run.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 
 import orjson
 
+from bench.legacy import legacy_ruleset, legacy_straggler
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeTelemetry, StepReport, Verdict
 from trainguard.rules import RuleEngine, RuleSet, load_default_rules, replay
-from trainguard.rules.synth import gpu, job_steps, telemetry
+from trainguard.rules.synth import gpu, job_steps, step_report, telemetry
 
 T0 = 1_700_000_000_000_000
 STEP_US = 200_000
@@ -76,13 +81,28 @@ def time_to_verdict(factor: float, rules: RuleSet, seeds: int = 7) -> list[int |
     return out
 
 
-def false_verdicts(rules: RuleSet, rank_steps: int = 100_000, ranks: int = 16) -> int:
+def false_verdicts(rules: RuleSet, events: Iterator[Event]) -> int:
     engine = RuleEngine("noise", rules)
     n = 0
-    for e in job_steps("noise", ranks, rank_steps // ranks, noise=0.1, seed=11,
-                       step_us=STEP_US, start_us=T0):
+    for e in events:
         n += len(engine.feed(e))
     return n + len(engine.flush())
+
+
+def noise_steps(noise: float, rank_steps: int = 100_000, ranks: int = 16) -> Iterator[Event]:
+    return job_steps("noise", ranks, rank_steps // ranks, noise=noise, seed=11,
+                     step_us=STEP_US, start_us=T0)
+
+
+def rotating_steps(rank_steps: int = 100_000, ranks: int = 16) -> Iterator[Event]:
+    """The slowest rank moves: each rank 1.2-1.35x in its own 16-26 % of steps, +-5 % noise."""
+    rng = random.Random(12)
+    probs = [0.16 + 0.10 * r / (ranks - 1) for r in range(ranks)]
+    for step in range(rank_steps // ranks):
+        for rank in range(ranks):
+            f = rng.uniform(1.2, 1.35) if rng.random() < probs[rank] else 1.0
+            yield step_report("noise", rank, step, T0 + step * STEP_US + rank * 10,
+                              100.0 * f * (1 + rng.uniform(-0.05, 0.05)), world=ranks)
 
 
 def snapshot_cost(events: list[Event], rules: RuleSet, reps: int = 50) -> tuple[float, int]:
@@ -97,34 +117,47 @@ def snapshot_cost(events: list[Event], rules: RuleSet, reps: int = 50) -> tuple[
     return (time.perf_counter() - t0) / reps * 1e6, len(raw)
 
 
+def variants(rules: RuleSet) -> list[tuple[str, RuleSet, AbstractContextManager[None]]]:
+    return [("before", legacy_ruleset(rules), legacy_straggler()),
+            ("after", rules, nullcontext())]
+
+
 def main() -> None:
     rules = load_default_rules()
     t_start = time.perf_counter()
-    print("replay rate (all default rules unless said):")
     mixed = mixed_log(ranks=32, steps=1500, nodes=4)
-    rate("mixed: 32 ranks + 4 nodes x 8 GPUs", mixed, rules)
     steps_only = [e for e in mixed if isinstance(e.payload, StepReport)]
     tele_only = [e for e in mixed if isinstance(e.payload, NodeTelemetry)]
-    rate("step reports only", steps_only, rules)
-    rate("telemetry only (8 GPUs/record)", tele_only, rules)
-    rate("step reports, straggler rule alone", steps_only,
-         only(rules, lambda k: k == "straggler"))
-    rate("step reports, reorder buffer alone (no rules)", steps_only, only(rules, lambda k: False))
+    for label, rs, ctx in variants(rules):
+        with ctx:
+            print(f"[{label}] replay rate (all default rules unless said):")
+            rate("mixed: 32 ranks + 4 nodes x 8 GPUs", mixed, rs)
+            rate("step reports only", steps_only, rs)
+            rate("step reports, straggler rule alone", steps_only,
+                 only(rs, lambda k: k == "straggler"))
+            if label == "after":
+                rate("telemetry only (8 GPUs/record)", tele_only, rs)
+                rate("step reports, reorder buffer alone (no rules)", steps_only,
+                     only(rs, lambda k: False))
+                us, size = snapshot_cost(mixed, rs)
+                print(f"  snapshot + orjson.dumps mid-run (mixed job): {us:,.0f} us, "
+                      f"{size:,} bytes")
 
-    us, size = snapshot_cost(mixed, rules)
-    print(f"  snapshot + orjson.dumps mid-run (mixed job): {us:,.0f} us, {size:,} bytes")
-
-    print("straggler time-to-verdict (16 ranks, +-10% noise, 7 seeds; steps incl. the first):")
-    straggler = only(rules, lambda k: k == "straggler")
-    for factor in (1.2, 1.5, 2.0):
-        got = time_to_verdict(factor, straggler)
-        found = [g for g in got if g is not None]
-        med = statistics.median(found) if found else None
-        print(f"  {factor:.1f}x: median {med} steps, max {max(found) if found else None}, "
-              f"missed {len(got) - len(found)}/{len(got)}  {got}")
-
-    print("false verdicts, 100k rank-steps, +-10% noise, all default rules:")
-    print(f"  {false_verdicts(rules)}")
+    for label, rs, ctx in variants(rules):
+        with ctx:
+            print(f"[{label}] straggler time-to-verdict (16 ranks, +-10% noise, 7 seeds; "
+                  "steps incl. the first):")
+            straggler = only(rs, lambda k: k == "straggler")
+            for factor in (1.2, 1.5, 2.0):
+                got = time_to_verdict(factor, straggler)
+                found = [g for g in got if g is not None]
+                med = statistics.median(found) if found else None
+                print(f"  {factor:.1f}x: median {med} steps, max {max(found) if found else None}"
+                      f", missed {len(got) - len(found)}/{len(got)}  {got}")
+            print(f"[{label}] false verdicts per 100k rank-steps (16 ranks, all default rules):")
+            print(f"  +-10% noise: {false_verdicts(rs, noise_steps(0.1))}   "
+                  f"+-20% noise: {false_verdicts(rs, noise_steps(0.2))}   "
+                  f"rotating slowest rank: {false_verdicts(rs, rotating_steps())}")
     print(f"(bench took {time.perf_counter() - t_start:.1f} s)")
 
 

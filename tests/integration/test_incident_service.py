@@ -100,8 +100,9 @@ def test_service_publishes_the_rebuilt_transitions_once_and_replay_reproduces_th
     assert from_file.exact and len(from_file.incidents.same) == 2
 
     # what-if: a stricter straggler threshold, the tier-1 incident would vanish
-    strict = parse_rules(DEFAULT_YAML.replace("threshold_ratio: 1.18", "threshold_ratio: 1.8"),
-                         "strict.yaml")
+    strict = parse_rules(DEFAULT_YAML.replace("effect_levels: [1.15, 1.3, 1.6, 2.0]",
+                                              "effect_levels: [1.8]")
+                         .replace("threshold_ratio: 1.15", "threshold_ratio: 1.8"), "strict.yaml")
     what_if = replay_log(log, strict, settings=SETTINGS)
     assert what_if.what_if and not what_if.incidents.exact
     assert [s.opened_by for s in what_if.incidents.vanish] == ["warning straggler verdict opened"]

@@ -23,7 +23,10 @@ def test_a_throttled_rank_and_a_killed_rank_get_located_verdicts(kafka: KafkaCon
     e, v = stragglers[0]
     assert e.subject.node == "demo-node"
     ratio = v.evidence["ratio"]
-    assert isinstance(ratio, float) and ratio > 2.0  # 10% of a core against a fair share
+    # 10% of a core against a fair share: the verdict opens as soon as the rank's sequential
+    # test is sure (a few steps in), when the medians of its last 5 steps may still hold the
+    # onset: above the least effect the rule flags, not yet the full 2x
+    assert isinstance(ratio, float) and ratio > 1.15
     exits = [(e, v) for e, v in opened if v.kind == "process_exit" and e.subject.rank == 3]
     assert len(exits) == 1, lines
     assert exits[0][1].evidence["signal"] == 9

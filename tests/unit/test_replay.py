@@ -41,8 +41,12 @@ DEFAULT_YAML = (Path(__file__).resolve().parents[2] / "trainguard/rules/default.
 
 def strict_rules() -> RuleSet:
     """A stricter straggler threshold: the 1.6x throttled rank no longer counts."""
-    return parse_rules(DEFAULT_YAML.replace("threshold_ratio: 1.18", "threshold_ratio: 1.8"),
-                       "strict.yaml")
+    return parse_rules(strict_yaml(), "strict.yaml")
+
+
+def strict_yaml() -> str:
+    return DEFAULT_YAML.replace("effect_levels: [1.15, 1.3, 1.6, 2.0]", "effect_levels: [1.8]") \
+        .replace("threshold_ratio: 1.15", "threshold_ratio: 1.8")
 
 
 def test_the_recorded_rules_reproduce_the_recording_exactly() -> None:
@@ -129,7 +133,7 @@ def test_cli_replay_list_show_and_export(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["replay", "--log", str(log)]) == 0
     assert "REPRODUCED EXACTLY" in capsys.readouterr().out
     strict = tmp_path / "strict.yaml"
-    strict.write_text(DEFAULT_YAML.replace("threshold_ratio: 1.18", "threshold_ratio: 1.8"))
+    strict.write_text(strict_yaml())
     assert main(["replay", "--log", str(log), "--rules", str(strict)]) == 0
     assert "vanish:  " in capsys.readouterr().out
     assert main(["incident", "list", "--log", str(log)]) == 0
@@ -167,8 +171,9 @@ def test_prompt_lane_retractions_are_left_out_and_said_so() -> None:
 
 
 def test_what_if_lists_incidents_that_would_change_and_appear() -> None:
-    """An earlier decision (k=2 windows instead of 3) changes the straggler incident's times;
-    a looser threshold (1.1) also flags a rank 14% slow that the recording let pass."""
+    """An earlier decision (the sequential test's alpha 1e-3 instead of 1e-6) changes the
+    straggler incident's times; a looser lowest effect level (1.1) also flags a rank 14% slow
+    that the recording let pass."""
     sc = Scenario()
 
     def mildly_slow(e: Event) -> Event:
@@ -184,13 +189,13 @@ def test_what_if_lists_incidents_that_would_change_and_appear() -> None:
     recorded = base + rebuild(base)
     assert replay_log(recorded, RULES).exact  # the recording itself reproduces
 
-    earlier = parse_rules(DEFAULT_YAML.replace("      k: 3\n", "      k: 2\n"), "k2.yaml")
+    earlier = parse_rules(DEFAULT_YAML.replace("alpha: 1.0e-6", "alpha: 1.0e-3"), "a3.yaml")
     r = replay_log(recorded, earlier)
     (change,) = r.incidents.change
     assert change.recorded.subject == "node node-a, rank 2"
     assert change.differences[0].startswith("seq 0: recorded -> detected at")
 
-    looser = parse_rules(DEFAULT_YAML.replace("threshold_ratio: 1.18", "threshold_ratio: 1.1"),
+    looser = parse_rules(DEFAULT_YAML.replace("effect_levels: [1.15,", "effect_levels: [1.1,"),
                          "loose.yaml")
     r = replay_log(recorded, looser)
     assert [s.subject for s in r.incidents.appear] == ["node node-a, rank 1"]

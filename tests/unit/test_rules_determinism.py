@@ -16,6 +16,7 @@ from trainguard.events.envelope import Event
 from trainguard.events.payloads import CheckpointAction, NodeHealthKind, StepReport, Verdict
 from trainguard.rules import RuleEngine, RuleSet, parse_rules
 from trainguard.rules.params import KINDS
+from trainguard.rules.straggler import StragglerRule
 from trainguard.rules.synth import (
     bound,
     checkpoint,
@@ -138,7 +139,8 @@ def test_snapshot_is_plain_json_and_rule_change_resets_only_that_rule() -> None:
             "    parameters: {floor_ms: 3000}\n")
     other = RuleEngine("j", parse_rules(text), snap)
     states = dict(other.rules)
-    assert states["straggler"].s["hist"] == {}  # changed definition: fresh
+    straggler = states["straggler"]
+    assert isinstance(straggler, StragglerRule) and straggler.ranks == {}  # changed: fresh
     assert states["liveness"].s["seen"]  # unchanged definition: restored
 
 

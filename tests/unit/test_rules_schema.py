@@ -17,7 +17,7 @@ def test_default_rules_load_and_cover_every_kind() -> None:
 
     assert {r.kind for r in rs.rules} == set(KINDS)
     assert rs.version.startswith("rv-")
-    assert rs.get("straggler").params["threshold_ratio"] == 1.18
+    assert rs.get("straggler").params["threshold_ratio"] == 1.15
 
 
 def test_error_names_file_rule_and_field(tmp_path: Path) -> None:
@@ -61,6 +61,6 @@ def test_every_problem_is_reported_at_once() -> None:
 def test_rules_version_is_the_normalised_content() -> None:
     a = parse_rules("rules:\n  - id: s\n    kind: straggler\n")
     b = parse_rules("rules:\n  - id: s\n    kind: straggler\n    enabled: true\n"
-                    "    parameters: {threshold_ratio: 1.18}\n")
+                    "    parameters: {threshold_ratio: 1.15}\n")
     c = parse_rules("rules:\n  - id: s\n    kind: straggler\n    parameters: {k: 2}\n")
     assert a.version == b.version != c.version

@@ -30,6 +30,7 @@ from trainguard.cli import (
     keys,
     metrics,
     replay,
+    score,
     streams,
     topics,
 )
@@ -58,6 +59,7 @@ SUBCOMMANDS: tuple[Register, ...] = (
     keys.register,
     metrics.register,
     replay.register,
+    score.register,
     streams.register,
     topics.register,
 )

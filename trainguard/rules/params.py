@@ -43,6 +43,12 @@ def int_list(v: Any) -> str | None:
     return None if ok else f"must be a list of integers from 0 to {LIMIT:g}"
 
 
+def ratio_list(v: Any) -> str | None:
+    ok = isinstance(v, list) and len(v) >= 1 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and 1 < x <= 100 for x in v)
+    return None if ok else "must be a non-empty list of ratios above 1 (at most 100)"
+
+
 def str_list(v: Any) -> str | None:
     return None if isinstance(v, list) and all(isinstance(x, str) for x in v) else (
         "must be a list of strings")
@@ -59,32 +65,58 @@ _STEP_WINDOW = (
 
 PARAMS: dict[str, tuple[Param, ...]] = {
     "straggler": (
-        Param("threshold_ratio", NUM, 1.18, gt(1), "rank window median / peers' median"),
-        *_STEP_WINDOW,
-        Param("min_peers", int, 3, ge(1), "peers (same job, same pp_stage) needed to judge"),
+        Param("threshold_ratio", NUM, 1.15, gt(1),
+              "a rank whose own normal stands this far above its stage peers' normals (and by "
+              "outlier_z) is slow from the start"),
+        Param("effect_levels", list, [1.15, 1.3, 1.6, 2.0], ratio_list,
+              "a step is over at a level when the rank is this far above its own normal "
+              "against its peers; each level has its own rate and test (a large effect is "
+              "told in fewer steps than a small one)"),
+        Param("persistent_share", NUM, 0.75, between(0.5, 0.99),
+              "the share of over-steps of a persistently slow rank (the test's alternative)"),
+        Param("alpha", NUM, 1e-6, between(1e-12, 0.1),
+              "the sequential test flags at log-likelihood ratio log(1/alpha)"),
+        Param("over_rate_floor", NUM, 0.02, between(1e-4, 0.5),
+              "the least own rate of over-steps (and of bursts) a rank is credited with"),
+        Param("n", int, 5, ge(1), "the last n steps ..."),
+        Param("k", int, 3, ge(1), "... of which k must be over to open"),
+        Param("close_lag_steps", int, 2, ge(1),
+              "a step is evaluated once every known rank reported it or a rank is this far ahead"),
+        Param("min_peers", int, 3, ge(1),
+              "learned peers (same job, same pp_stage) needed to judge a normal against the "
+              "stage's; fewer: the rank is judged against its own history only"),
         Param("min_excess_ms", NUM, 5.0, ge(0),
-              "a window is over only when the rank is also this many ms above its peers"),
+              "a step is over only when the rank is also this many ms above its expected time"),
         Param("warmup_steps", int, 10, ge(0),
-              "closed steps of a new replica (after a rebind) left out of its windows"),
-        Param("baseline_steps", int, 20, ge(0), "closed steps that learn a per-rank baseline"),
-        Param("baseline_max_ratio", NUM, 1.12, ge(1),
-              "largest learned slowness forgiven as a rank's normal speed"),
-        Param("resolve_ratio", NUM, 1.05, ge(1), "resolve once ratio stays below this ..."),
-        Param("resolve_windows", int, 5, ge(1), "... for this many consecutive windows"),
+              "closed steps of a new replica (or of the job's first) left out"),
+        Param("baseline_steps", int, 10, ge(1),
+              "judged steps that learn a rank's own normal (their median log-ratio)"),
+        Param("normal_memory_steps", int, 200, ge(1),
+              "afterwards the normal and the rates follow a running mean over this many steps"),
+        Param("outlier_z", NUM, 3.5, gt(0),
+              "robust z of a rank's normal among its stage peers' normals"),
+        Param("min_sigma", NUM, 0.02, gt(0), "floor of the peers' normals' MAD (log units)"),
+        Param("resolve_ratio", NUM, 1.05, ge(1),
+              "resolve once the median of the last n steps is within this of the reference ..."),
+        Param("resolve_windows", int, 5, ge(1), "... for this many consecutive steps"),
+        Param("worsen_ratio", NUM, 1.5, gt(1),
+              "an open verdict whose effect grows by this factor is resolved and reopened"),
         Param("burst_ratio", NUM, 2.0, gt(1),
-              "a burst: one step's compute at least this times its peers' median ..."),
+              "a burst: one step's compute at least this times what its normal predicts ..."),
         Param("burst_min_excess_ms", NUM, 10.0, ge(0), "... and this many ms above it"),
         Param("burst_steps", int, 20, ge(1), "closed steps a rank's bursts are counted over"),
         Param("burst_k", int, 4, ge(1),
-              "bursts within burst_steps that flag a rank slowed in bursts (a throttled "
-              "cgroup: most steps normal, one in a few stalled), which windows' medians miss"),
+              "bursts within burst_steps needed to flag a rank slowed in bursts (a throttled "
+              "cgroup: most steps normal, one in a few stalled), which medians miss ..."),
+        Param("burst_alpha", NUM, 1e-3, between(1e-12, 0.5),
+              "... and that many bursts must be this unlikely at the rank's own burst rate"),
         Param("burst_resolve_max", int, 1, ge(0),
               "a verdict resolves only with at most this many bursts within burst_steps"),
     ),
     "job_slowdown": (
         Param("threshold_ratio", NUM, 1.3, gt(1), "job median window / job baseline"),
         *_STEP_WINDOW,
-        Param("baseline_steps", int, 20, ge(1), "closed steps that form the job baseline"),
+        Param("baseline_steps", int, 10, ge(1), "closed steps that form the job baseline"),
         Param("min_rank_fraction", NUM, 0.6, between(0, 1),
               "share of ranks over threshold needed (most ranks slow together)"),
         Param("resolve_ratio", NUM, 1.1, ge(1), ""),
