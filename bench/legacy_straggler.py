@@ -39,6 +39,7 @@ def stage_of(report: StepReport) -> str:
 
 class LegacyStragglerRule(RuleBase):
     types = frozenset({"step.report", "checkpoint"})
+    kinds = frozenset({VerdictKind.STRAGGLER})
 
     def initial_state(self) -> dict[str, Any]:
         # groups: stage -> step group; hist: rank -> window; flags: rank -> last n flags;
