@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -217,6 +218,8 @@ def test_a_streams_worker_outside_its_own_names_stops_with_one_line(
          "--app-id", f"{prefix}-elsewhere"],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    lines = proc.stderr.strip().splitlines()
+    # log lines (a timestamp first, e.g. "no trusted actuator keys") are not the error line
+    lines = [line for line in proc.stderr.strip().splitlines()
+             if not re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", line)]
     assert len(lines) == 1 and "TransactionalIdAuthorizationFailed" in lines[0], lines
     assert f"{prefix}-elsewhere-preflight" in lines[0]
