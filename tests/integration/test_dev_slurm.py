@@ -67,12 +67,14 @@ def test_steps_run_on_every_node_in_its_own_namespace(cluster: SlurmCluster) -> 
 
 
 TRAIN = """
-import os, torch, torch.distributed as dist
+import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank())])
 dist.all_reduce(t)
-print(os.environ["SLURMD_NODENAME"], os.environ["GROUP_RANK"], dist.get_rank(),
-      dist.get_world_size(), int(t.item()), flush=True)
+row = (os.environ["SLURMD_NODENAME"], os.environ["GROUP_RANK"], dist.get_rank(),
+       dist.get_world_size(), int(t.item()))
+with open(os.path.join(sys.argv[1], "rank-%d" % dist.get_rank()), "w") as f:
+    f.write(" ".join(map(str, row)))
 dist.destroy_process_group()
 """
 
@@ -84,9 +86,13 @@ def test_a_torchrun_job_spans_the_nodes(cluster: SlurmCluster) -> None:
     assert info is not None
     script = Path(info.shared_dir) / "allreduce.py"
     script.write_text(TRAIN)
-    argv = torchrun_argv(info, nnodes=3, nproc_per_node=2, run_id="t1", script=[str(script)])
-    out = srun(cluster, "-N3", "-w", "tgn1,tgn2,tgn3", *argv, timeout_s=120)
-    rows = [line.split() for line in out.splitlines() if line.startswith("tgn")]
+    results = Path(info.shared_dir) / "ranks"
+    results.mkdir(exist_ok=True)
+    argv = torchrun_argv(info, nnodes=3, nproc_per_node=2, run_id="t1",
+                         script=[str(script), str(results)])
+    srun(cluster, "-N3", "-w", "tgn1,tgn2,tgn3", *argv, timeout_s=120)
+    # each rank writes its row to the shared directory (srun interleaves the tasks' stdout)
+    rows = [p.read_text().split() for p in sorted(results.iterdir())]
     assert sorted(int(r[2]) for r in rows) == list(range(6))
     assert {r[4] for r in rows} == {"15"}  # 0+1+...+5 on every rank
     # Each node's agent is one group rank; its two ranks run on that node.

@@ -48,10 +48,14 @@ def _expected(events: list[Event]) -> dict[str, list[bytes]]:
 
 
 def _worker(kafka: KafkaConfig, datadir: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap", kafka.bootstrap,
-         "--prefix", kafka.topic_prefix, "--datadir", str(datadir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # stderr to a file beside its data dir: a pipe nobody reads fills up (every dead letter is
+    # logged) and then blocks the worker, which then misses its commit before a stop
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    with (datadir.parent / f"{datadir.name}.stderr").open("wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
+             kafka.bootstrap, "--prefix", kafka.topic_prefix, "--datadir", str(datadir)],
+            stdout=subprocess.DEVNULL, stderr=log)
 
 
 async def _publish(kafka: KafkaConfig, events: list[Event]) -> None:
