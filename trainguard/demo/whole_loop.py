@@ -69,6 +69,8 @@ WORLD = 4
 # touches; at 2 % the rank is throttled every step (a wider model only made the ranks' compute
 # times noisier on 2 shared cores: 5-10 ms steps wander by a timeslice)
 THROTTLE_PCT = 2
+# steps every resumed rank makes before the slowdown (the rule's warm-up and normal: 10 + 10)
+LEARN_STEPS = 30
 Say = Callable[[str], None]
 
 
@@ -200,6 +202,11 @@ def _drive(stack: LocalStack, tail: LogTail, out: DemoOutcome, say: Say) -> None
               "detection, fencing, migration to the spare and resume", stack)
     v = view(tail.events())
     say(f"[demo] resumed: every rank stepping at epoch {v.epoch}")
+    # The straggler rule learns each new replica's own normal over its first steps (warm-up,
+    # then the normal): a slowdown that starts before that is judged only against its peers'
+    # normals. A straggler appears mid-run: let the resumed ranks learn first.
+    _wait_for(lambda: _resumed(tail.events(), base_epoch, min_steps=LEARN_STEPS), 120,
+              f"{LEARN_STEPS} steps of every resumed rank", stack)
     # 2. slowdown, fixed by tier 1
     slow = _pid_of(tail.events(), rank=1)
     throttle = CgroupThrottle(slow, THROTTLE_PCT, tag="demo")
@@ -247,10 +254,10 @@ def _pid_of(events: list[Event], rank: int) -> int:
     raise DemoError(f"no bound replica of rank {rank} on the log")
 
 
-def _resumed(events: list[Event], base_epoch: int | None) -> bool:
+def _resumed(events: list[Event], base_epoch: int | None, min_steps: int = 3) -> bool:
     v = view(events, base_epoch=base_epoch)
     return (v.epochs_after >= 1 and len(v.steps_at_epoch) == WORLD
-            and min(v.steps_at_epoch.values()) >= 3)
+            and min(v.steps_at_epoch.values()) >= min_steps)
 
 
 def _quota_raised(events: list[Event], since_us: int, rank: int) -> bool:
