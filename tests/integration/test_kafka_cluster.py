@@ -157,13 +157,17 @@ def test_the_streams_worker_carries_on_when_a_node_dies(cluster: KafkaCluster,
     want = sum(len(v) for v in expected.values())
     half = len(events) // 2
     env = {**os.environ, **info.client_env(cfg.topic_prefix)}
-    worker = subprocess.Popen([sys.executable, "-m", "trainguard.cli.main", "streams",
-                               "--datadir", str(tmp_path / "w")],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # stderr to a file: a pipe nobody reads fills up and blocks the worker
+    with (tmp_path / "worker.stderr").open("wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "trainguard.cli.main", "streams",
+                                   "--datadir", str(tmp_path / "w")],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=log)
     victims: list[int] = []
     try:
         arun(_publish(cfg, events[:half]))
-        assert arun(_verdicts(cfg, 1, limit_s=90), timeout_s=120), "no verdict before the kill"
+        assert arun(_verdicts(cfg, 1, limit_s=90), timeout_s=120), (
+            "no verdict before the kill: "
+            + (tmp_path / "worker.stderr").read_text(errors="replace")[-1500:])
         part = job_partitioner(partition_key(events[0]), [0, 1, 2], [0, 1, 2])
         victims.append(arun(_leaders(cfg, task))[part][0])
         cluster.kill_node(victims[0])
