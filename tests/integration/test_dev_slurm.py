@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.dev.procs import alive
 from trainguard.dev.slurm import (
     BRIDGE,
     NETNS_PREFIX,
     ClusterInfo,
     ClusterSpec,
     SlurmCluster,
-    _alive,
     _netns_list,
     torchrun_argv,
 )
@@ -177,5 +177,5 @@ def test_stop_leaves_nothing(tmp_path: Path, cluster: SlurmCluster) -> None:
     for daemon in ("slurmctld", "slurmd", "munged"):
         pids = subprocess.run(["pgrep", "-x", daemon], capture_output=True,
                               text=True).stdout.split()
-        assert not [p for p in pids if _alive(int(p))], daemon  # zombies awaiting reap are gone
+        assert not [p for p in pids if alive(int(p))], daemon  # zombies awaiting reap are gone
     assert cluster.stop() is False

@@ -25,7 +25,6 @@ from trainguard.dev.kafka import (
     KAFKA_VERSION,
     BrokerError,
     KafkaBroker,
-    _alive,
     _kafka_uuid,
     _signal_group,
     _tail,
@@ -35,6 +34,7 @@ from trainguard.dev.kafka import (
     wait_until_ready,
 )
 from trainguard.dev.paths import state_dir
+from trainguard.dev.procs import alive
 
 # A killed node's partitions get new leaders once the controllers fence it: 4 s instead of
 # Kafka's 9 s (a heartbeat every 0.5 s). bench/bench_failover.py, longest acks=all stall: 7.6
@@ -123,7 +123,7 @@ class KafkaCluster:
     def running(self) -> ClusterInfo | None:
         """The cluster if any of its nodes runs (a node may be down on purpose)."""
         info = self.info()
-        if info is None or not any(_alive(n.pid) for n in info.nodes):
+        if info is None or not any(alive(n.pid) for n in info.nodes):
             return None
         return info
 
@@ -211,10 +211,10 @@ class KafkaCluster:
         if info is None:
             return False
         node = info.node(node_id)
-        if not _alive(node.pid):
+        if not alive(node.pid):
             return False
         _signal_group(node.pid, signal.SIGKILL)
-        while _alive(node.pid):
+        while alive(node.pid):
             time.sleep(0.05)
         return True
 
@@ -224,7 +224,7 @@ class KafkaCluster:
         if info is None:
             raise BrokerError(f"no cluster under {self.root}")
         node = info.node(node_id)
-        if _alive(node.pid):
+        if alive(node.pid):
             return node
         fresh = NodeInfo(node_id, self._spawn(node_id), node.port, node.controller_port)
         self._save(ClusterInfo(
@@ -240,18 +240,18 @@ class KafkaCluster:
         info = self.info()
         if info is None:
             return False
-        alive = [n for n in info.nodes if _alive(n.pid)]
-        for n in alive:
+        running = [n for n in info.nodes if alive(n.pid)]
+        for n in running:
             _signal_group(n.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(_alive(n.pid) for n in alive):
+        while time.monotonic() < deadline and any(alive(n.pid) for n in running):
             time.sleep(0.1)
-        for n in alive:
-            if _alive(n.pid):
+        for n in running:
+            if alive(n.pid):
                 _signal_group(n.pid, signal.SIGKILL)
-                while _alive(n.pid):
+                while alive(n.pid):
                     time.sleep(0.05)
-        return bool(alive)
+        return bool(running)
 
     def kill(self) -> bool:
         info = self.info()

@@ -39,6 +39,7 @@ from pathlib import Path
 from trainguard.bus.acl import ADMIN_USER
 from trainguard.bus.config import KafkaConfig
 from trainguard.dev.paths import cache_dir, state_dir
+from trainguard.dev.procs import alive
 from trainguard.dev.tls import TlsFiles, make_tls_files, tls_files
 from trainguard.dev.toolchain import ensure_java_and_maven
 from trainguard.events.topics import Service
@@ -293,7 +294,7 @@ class KafkaBroker:
 
     def running(self) -> BrokerInfo | None:
         info = self.info()
-        if info is None or not _alive(info.pid):
+        if info is None or not alive(info.pid):
             return None
         return info
 
@@ -401,11 +402,11 @@ class KafkaBroker:
             return False
         _signal_group(info.pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and _alive(info.pid):
+        while time.monotonic() < deadline and alive(info.pid):
             time.sleep(0.1)
-        if _alive(info.pid):
+        if alive(info.pid):
             _signal_group(info.pid, signal.SIGKILL)
-            while _alive(info.pid):
+            while alive(info.pid):
                 time.sleep(0.05)
         return True
 
@@ -415,7 +416,7 @@ class KafkaBroker:
         if info is None:
             return False
         _signal_group(info.pid, signal.SIGKILL)
-        while _alive(info.pid):
+        while alive(info.pid):
             time.sleep(0.05)
         return True
 
@@ -423,26 +424,6 @@ class KafkaBroker:
 def _kafka_uuid() -> str:
     """A cluster id as StorageTool wants it: 16 random bytes, url-safe base64, no padding."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        done, _status = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return False
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

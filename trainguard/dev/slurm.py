@@ -40,7 +40,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -50,6 +49,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from trainguard.dev.paths import state_dir
+from trainguard.dev.procs import alive, read_pid, stop_pid
+from trainguard.netlab.ns import Netns
 
 BRIDGE = "tgsbr0"
 NETNS_PREFIX = "tgs-"
@@ -212,39 +213,6 @@ def _run(argv: Sequence[str], *, timeout_s: float = 15.0, check: bool = True,
     return done
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (a child of ours that exited) is not alive.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
-    return True
-
-
-def _read_pid(path: Path) -> int | None:
-    try:
-        text = path.read_text().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _kill(pid: int, grace_s: float = 5.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
 class SlurmCluster:
     """The dev cluster whose state lives in ``root`` (default ``$TRAINGUARD_STATE/slurm``)."""
 
@@ -285,7 +253,7 @@ class SlurmCluster:
     def running(self) -> ClusterInfo | None:
         """The cluster if its controller runs and answers, and its nodes exist."""
         info = self.info()
-        if info is None or not _alive(info.ctld_pid):
+        if info is None or not alive(info.ctld_pid):
             return None
         if _run(["scontrol", "ping"], env=self.client_env(), check=False,
                 timeout_s=10).returncode != 0:
@@ -369,8 +337,8 @@ class SlurmCluster:
         _run(["slurmctld", "-f", str(self.conf)])
         deadline = time.monotonic() + 20
         while True:
-            pid = _read_pid(self.root / "slurmctld.pid")
-            if pid and _alive(pid) and _run(["scontrol", "ping"], env=self.client_env(),
+            pid = read_pid(self.root / "slurmctld.pid")
+            if pid and alive(pid) and _run(["scontrol", "ping"], env=self.client_env(),
                                             check=False).returncode == 0:
                 return pid
             if time.monotonic() > deadline:
@@ -423,15 +391,15 @@ class SlurmCluster:
             if not ns.startswith(NETNS_PREFIX):
                 continue
             found = True
-            for pid_s in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
-                _kill(int(pid_s), grace_s=2.0)
-            _run(["ip", "netns", "del", ns], check=False)
+            node = Netns(ns)  # kills whatever runs inside (slurmd, its steps), then deletes it
+            node.created = True
+            node.delete()
         for pid_file in (self.root / "slurmctld.pid", self.root / "rdzv_store.pid",
                          MUNGE_DIR / "munged.pid"):
-            pid = _read_pid(pid_file)
-            if pid and _alive(pid):
+            pid = read_pid(pid_file)
+            if pid and alive(pid):
                 found = True
-                _kill(pid)
+                stop_pid(pid)
             with contextlib.suppress(OSError):
                 pid_file.unlink()
         if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
