@@ -6,6 +6,8 @@ WORKDIR /opt/trainguard
 COPY pyproject.toml README.md ./
 COPY trainguard ./trainguard
 COPY sdk ./sdk
-# The service depends on trainguard-sdk (the agent decodes its wire format): from ./sdk.
-RUN pip install --no-cache-dir ./sdk .
+# The service depends on trainguard-sdk (the agent decodes its wire format): from ./sdk. The
+# workload extra (PyTorch, numpy): the actuator launches the job of deploy/actuator/job.yaml
+# (`python -m trainguard.workload.ddp`) from this image.
+RUN pip install --no-cache-dir ./sdk ".[workload]"
 ENTRYPOINT ["trainguard"]

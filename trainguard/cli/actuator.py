@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-cgroups", action="store_true",
                    help="do not put units in CPU cgroups (tier 1 then fails, saying why)")
     p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: none)")
+    p.add_argument("--metrics-addr", default="127.0.0.1",
+                   help="address /metrics listens on (default 127.0.0.1; 0.0.0.0 for "
+                   "Prometheus in another container or host)")
     p.add_argument("--teardown", action="store_true",
                    help="instead of serving: fence every replica of the job (bound on the "
                    "log, or alive in the replica journal) and stop its warm launcher, then exit")
@@ -73,6 +76,6 @@ def _run(args: argparse.Namespace) -> int:
         for item in asyncio.run(actuator.teardown()):
             print(f"released: {item}")
         return 0
-    metrics.serve(args.metrics_port)
+    metrics.serve(args.metrics_port, args.metrics_addr)
     run_until_stopped(actuator.run)
     return 0

@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="before migrating a straggler, ask the job to save and wait this long "
                         "for the checkpoint (0: migrate at once; default 30)")
     p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: none)")
+    p.add_argument("--metrics-addr", default="127.0.0.1",
+                   help="address /metrics listens on (default 127.0.0.1; 0.0.0.0 for "
+                   "Prometheus in another container or host)")
     p.set_defaults(func=_run)
 
 
@@ -76,7 +79,7 @@ def _run(args: argparse.Namespace) -> int:
     for job in args.job or ():
         check_ids(job_id=job)
     cfg = kafka_config(args, client_id="trainguard-decide")
-    metrics.serve(args.metrics_port)
+    metrics.serve(args.metrics_port, args.metrics_addr)
     decider = Decider(KafkaBus(cfg), DeciderOptions(key=key, actuators=actuators,
                                                     previous=previous, policy=pol,
                                           jobs=frozenset(args.job) if args.job else None))

@@ -173,7 +173,7 @@ class KafkaCluster:
                                                session_timeout_ms=SESSION_TIMEOUT_MS))
             if not keep:
                 fmt = subprocess.run([*self._java(node_id), "kafka.tools.StorageTool", "format",
-                                      "-t", cluster_id, "-c", str(props)],
+                                      f"--cluster-id={cluster_id}", "-c", str(props)],
                                      capture_output=True, text=True)
                 if fmt.returncode != 0:
                     raise BrokerError(f"formatting node {node_id} failed:\n"

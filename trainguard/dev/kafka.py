@@ -33,6 +33,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -193,11 +194,13 @@ def free_port() -> int:
 def server_properties(data_dir: Path, port: int, controller_port: int,
                       admin_password: str | None = None, tls: TlsFiles | None = None, *,
                       node_id: int = 1, voters: str | None = None, replication: int = 1,
-                      min_insync: int = 1, session_timeout_ms: int | None = None) -> str:
+                      min_insync: int = 1, session_timeout_ms: int | None = None,
+                      overrides: Mapping[str, str] | None = None) -> str:
     """The broker's config; with ``admin_password`` and ``tls`` the secured variant (see the
     module doc). ``node_id``, ``voters`` (``id@host:port,...``), ``replication`` and
     ``min_insync``, ``session_timeout_ms``: one node of a multi-node cluster
-    (``dev/cluster.py``)."""
+    (``dev/cluster.py``). ``overrides``: properties that win over all of these (a broker
+    configured from elsewhere, e.g. docker-compose.yml's ``KAFKA_*`` settings)."""
     settings = {
         "process.roles": "broker,controller",
         "node.id": str(node_id),
@@ -233,6 +236,7 @@ def server_properties(data_dir: Path, port: int, controller_port: int,
         if tls is None:
             raise BrokerError("a secured broker needs its TLS files")
         settings.update(_secure_settings(port, controller_port, admin_password, tls))
+    settings.update(overrides or {})
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 
 
@@ -268,11 +272,18 @@ def _secure_settings(port: int, controller_port: int, admin_password: str,
 
 
 class KafkaBroker:
-    """One broker under one state directory."""
+    """One broker under one state directory. ``overrides``, ``port``, ``controller_port``: a
+    broker configured from elsewhere (its properties win over the generated ones; its client
+    and controller ports instead of free ones)."""
 
-    def __init__(self, root: Path | None = None, heap: str = "512m") -> None:
+    def __init__(self, root: Path | None = None, heap: str = "512m", *,
+                 overrides: Mapping[str, str] | None = None, port: int | None = None,
+                 controller_port: int | None = None) -> None:
         self.root = root or (state_dir() / "kafka")
         self.heap = heap
+        self.overrides = dict(overrides or {})
+        self.port = port
+        self.controller_port = controller_port
 
     @property
     def info_file(self) -> Path:
@@ -338,8 +349,9 @@ class KafkaBroker:
         if not keep_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         self.root.mkdir(parents=True, exist_ok=True)
-        port = previous.port if keep_data and previous else free_port()
-        cport = previous.controller_port if keep_data and previous else free_port()
+        port = previous.port if keep_data and previous else (self.port or free_port())
+        cport = (previous.controller_port if keep_data and previous
+                 else (self.controller_port or free_port()))
         passwords: dict[str, str] = {}
         tls: TlsFiles | None = None
         if secure and not keep_data:
@@ -353,7 +365,8 @@ class KafkaBroker:
         fd = os.open(props, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as fh:
             fh.write(server_properties(self.data_dir, port, cport,
-                                       passwords.get(ADMIN_USER), tls))
+                                       passwords.get(ADMIN_USER), tls,
+                                       overrides=self.overrides))
         log4j = self.root / "log4j.properties"
         log4j.write_text(_LOG4J.format(log=self.root / "kafka-server.log"))
         java = ["java", f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
@@ -364,7 +377,8 @@ class KafkaBroker:
             scram = [arg for user, password in passwords.items()
                      for arg in ("--add-scram", f"{SCRAM}=[name={user},password={password}]")]
             fmt = subprocess.run(
-                [*java, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
+                [*java, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
+                 "-c", str(props),
                  *scram], capture_output=True, text=True)
             if fmt.returncode != 0:
                 raise BrokerError(f"formatting KRaft storage failed:\n{fmt.stdout}{fmt.stderr}")
@@ -422,7 +436,9 @@ class KafkaBroker:
 
 
 def _kafka_uuid() -> str:
-    """A cluster id as StorageTool wants it: 16 random bytes, url-safe base64, no padding."""
+    """A cluster id as StorageTool wants it: 16 random bytes, url-safe base64, no padding.
+    One in 64 starts with ``-``: pass it as ``--cluster-id=ID``, never as a separate argument
+    (argparse would take it for an option)."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 

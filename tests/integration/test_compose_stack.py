@@ -1,0 +1,237 @@
+"""What docker-compose.yml would run is what runs here: the stack is derived from the compose
+file itself (``compose_stack``: same commands, environment, secrets, volumes, ports and Kafka
+listeners, through one explicit address/path mapping), started as plain processes, and a rank
+of the job the compose actuator launches is killed: the incident must end recovered.
+
+Services that cannot run here are skipped, each for the reason in ``SKIPPED``; a service added
+to the compose file must be run here or given a reason."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from tests.integration.compose_stack import (
+    KAFKA_IMAGE,
+    TRAINGUARD_IMAGE,
+    Translation,
+    condition,
+    image,
+    load,
+)
+from trainguard.actuators import signing
+from trainguard.actuators.jobspec import load_job_spec
+from trainguard.bus.config import KafkaConfig
+from trainguard.dev.kafka import KafkaBroker
+from trainguard.drills.live import view
+from trainguard.drills.logtail import LogTail
+from trainguard.drills.stack import Service
+from trainguard.events.envelope import Event
+from trainguard.events.payloads import IncidentState, IncidentTransition, PoolUnit, UnitState
+
+pytestmark = pytest.mark.integration
+
+SKIPPED = {
+    "prometheus": "an image only (prom/prometheus); its scrape targets are checked by "
+                  "fetching each trainguard /metrics port here",
+    "alertmanager": "an image only (prom/alertmanager); the alerts service runs without it "
+                    "(its deliveries to Alertmanager fail and are retried)",
+    "grafana": "an image only (grafana/grafana); dashboards are tested on their own",
+}
+SETUP_PROFILE = "setup"
+ENDS = {IncidentState.RECOVERED, IncidentState.ESCALATED, IncidentState.UNRECOVERABLE}
+
+
+class Stack:
+    def __init__(self, tr: Translation, logs: Path) -> None:
+        self.tr = tr
+        self.logs = logs
+        self.services: dict[str, Service] = {}
+        self.broker: KafkaBroker | None = None
+
+    def run_once(self, name: str, timeout_s: float = 60) -> None:
+        done = subprocess.run(self.tr.argv(name), env={**os.environ, **self.tr.env(name)},
+                              capture_output=True, text=True, timeout=timeout_s, check=False)
+        assert done.returncode == 0, f"{name}: {done.stdout}{done.stderr}"
+
+    def start(self, name: str) -> None:
+        svc = Service(name, self.tr.argv(name), self.logs / f"{name}.log", self.tr.env(name))
+        svc.start()
+        self.services[name] = svc
+
+    def start_kafka(self, name: str) -> KafkaBroker:
+        props = self.tr.kafka(name)
+        ns = self.tr.namespace(name)
+        listeners = props["listeners"]
+        client = int(listeners.split(",")[0].rsplit(":", 1)[1])
+        controller = self.tr.port(ns, 9093) if "CONTROLLER" in listeners else None
+        self.broker = KafkaBroker(self.tr.root / "kafka", overrides=props, port=client,
+                                  controller_port=controller)
+        self.broker.start(fresh=True, timeout_s=90)
+        return self.broker
+
+    def dead(self) -> list[str]:
+        return [f"{s.name}:\n{s.tail()}" for s in self.services.values() if not s.alive()]
+
+    def stop(self, name: str) -> None:
+        svc = self.services.pop(name, None)
+        if svc is not None:
+            svc.stop()
+
+    def stop_all(self) -> None:
+        for name in list(self.services):
+            self.stop(name)
+        if self.broker is not None:
+            self.broker.stop()
+
+
+@pytest.fixture
+def compose_stack() -> Iterator[Stack]:
+    # Not under /tmp: the job's checkpoints sit on a volume, and the workload refuses scratch
+    # directories. Short: the actuator's warm-launcher socket on its volume must fit a Unix
+    # socket path (108 bytes), as /var/lib/trainguard/... does in the container.
+    root = Path.home() / ".tg-compose" / uuid.uuid4().hex[:8]
+    keys = root / "keys"
+    tr = Translation(load({"TRAINGUARD_KEYS_DIR": str(keys)}), root)
+    stack = Stack(tr, root / "logs")
+    try:
+        yield stack
+    finally:
+        stack.stop_all()
+        if not os.environ.get("TG_KEEP_COMPOSE_TEST"):  # set it to look at the logs after
+            tr.cleanup()
+
+
+def _wait(ok: Callable[[], bool], limit_s: float, what: str, stack: Stack,
+          failed: Callable[[], str | None] = lambda: None) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if ok():
+            return
+        why = failed() or "; ".join(stack.dead())
+        assert not why, f"while waiting for {what}: {why}"
+        time.sleep(0.3)
+    raise AssertionError(f"gave up waiting {limit_s:.0f} s for {what}")
+
+
+def _bound_pids(events: list[Event]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for e in events:
+        p = e.payload
+        if isinstance(p, PoolUnit) and p.state is UnitState.BOUND and p.pid and \
+                p.rank is not None:
+            out[p.rank] = p.pid
+    return out
+
+
+def _exited(pids: dict[int, int]) -> str | None:
+    for rank, pid in sorted(pids.items()):
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
+            pass
+        return f"rank {rank} (pid {pid}) exited before the job started"
+    return None
+
+
+def _incidents(events: list[Event], since_us: int) -> dict[str, IncidentState]:
+    opened: dict[str, int] = {}
+    latest: dict[str, IncidentState] = {}
+    for e in events:
+        if isinstance(e.payload, IncidentTransition):
+            opened.setdefault(e.payload.incident_id, e.event_time)
+            latest[e.payload.incident_id] = e.payload.to_state
+    return {i: s for i, s in latest.items() if opened[i] >= since_us}
+
+
+def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
+    stack, tr = compose_stack, compose_stack.tr
+    services = tr.services()
+    setup = [n for n, s in services.items() if SETUP_PROFILE in s.get("profiles", [])]
+    assert setup == ["keys"], setup
+    # the documented set-up step: the key set every secret of the file names
+    stack.run_once("keys")
+    for name, secret in tr.doc["secrets"].items():
+        assert Path(secret["file"]).is_file(), (name, secret["file"])
+    assert (Path(tr.doc["secrets"]["command-key"]["file"]).stat().st_mode & 0o077) == 0
+
+    started: list[str] = []
+    for name in tr.start_order():
+        svc = services[name]
+        if name in setup:
+            continue
+        if name in SKIPPED:
+            assert not image(svc).startswith(TRAINGUARD_IMAGE), name
+            continue
+        for dep in svc.get("depends_on", []):
+            assert dep in started or dep in SKIPPED, (name, dep)
+            if condition(svc, dep) == "service_healthy":
+                assert dep == "kafka", (name, dep)  # healthy = KafkaBroker.start returned
+        if image(svc).startswith(KAFKA_IMAGE):
+            stack.start_kafka(name)
+        elif not image(svc).startswith(TRAINGUARD_IMAGE):
+            raise AssertionError(f"service {name} ({image(svc)}): run it here or say in "
+                                 "SKIPPED why it cannot be")
+        elif svc.get("restart") == "no":
+            stack.run_once(name)  # topics-init: to completion, as compose's one-shot
+        else:
+            stack.start(name)
+        started.append(name)
+    assert {"agent", "streams", "decide", "actuator", "incidents", "metrics",
+            "alerts"} <= set(stack.services)
+
+    # the log as a client on the host reads it: through Kafka's EXTERNAL listener
+    host_env = tr.env("agent")
+    cfg = KafkaConfig(bootstrap=host_env["TRAINGUARD_KAFKA_BOOTSTRAP"],
+                      topic_prefix=host_env["TRAINGUARD_KAFKA_TOPIC_PREFIX"],
+                      client_id="compose-test")
+    spec_file = tr.mounts("actuator")["/etc/trainguard/job.yaml"]
+    job = load_job_spec(spec_file)
+    tail = LogTail(cfg, job.job_id)
+    tail.start()
+    try:
+        _wait(lambda: view(tail.events()).checkpoints >= 2
+              and len(view(tail.events()).steps_at_epoch) == job.world_size, 60,
+              f"the compose job {job.job_id}: every rank stepping, 2 checkpoints", stack,
+              failed=lambda: _exited(_bound_pids(tail.events())))
+
+        # every /metrics Prometheus scrapes answers, listening on every interface
+        for name in ("agent", "metrics", "decide", "actuator", "alerts"):
+            proc = stack.services[name].proc
+            assert proc is not None
+            binds = {(c.laddr.ip, c.laddr.port) for c in psutil.Process(proc.pid)
+                     .net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+            assert any(ip == "0.0.0.0" for ip, _ in binds), (name, binds)
+
+        base = view(tail.events()).epoch
+        victim = _bound_pids(tail.events())[job.world_size - 1]
+        killed_at = time.time_ns() // 1000
+        os.kill(victim, signal.SIGKILL)
+        _wait(lambda: any(s is IncidentState.RECOVERED
+                          for s in _incidents(tail.events(), killed_at - 5_000_000).values()),
+              60, f"the incident of rank {job.world_size - 1}'s kill to end recovered", stack)
+        v = view(tail.events(), base_epoch=base)
+        assert v.epochs_after >= 1
+    finally:
+        # end the job as the demo does: no fault of the job's own, so no incident left open
+        for name in ("decide", "agent", "actuator"):
+            stack.stop(name)
+        done = subprocess.run([*tr.argv("actuator"), "--teardown"],
+                              env={**os.environ, **tr.env("actuator")}, capture_output=True,
+                              text=True, timeout=60, check=False)
+        tail.stop()
+    assert done.returncode == 0, done.stdout + done.stderr
+    incidents = _incidents(tail.events(), 0)
+    assert incidents and all(s in ENDS for s in incidents.values()), incidents
+    spec = yaml.safe_load(spec_file.read_text())
+    assert str(tr.root) in spec["ckpt_dir"]
