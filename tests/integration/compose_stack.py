@@ -13,12 +13,12 @@ outside containers is translated, all of it in :class:`Translation` (the one map
    is its own namespace, a service name that service's, ``host.docker.internal`` the host.
    Bind-all addresses (``0.0.0.0``, an empty host) stay bind-all, on the mapped port; the
    ports named by ``--metrics-port`` / ``--port`` / ``--web-port`` flags are mapped the same.
-2. **paths**: each service's mounts: a named volume V -> ``<root>/volumes/V``; a host path /p
-   -> ``<root>/host/p`` (unless it is under the root: a variable set by the test); a repository file bound into a container -> a copy with this same
-   translation applied to its text (what the container reads, as it would read it); a secret
-   N -> ``/run/secrets/N`` is its file (``TRAINGUARD_KEYS_DIR`` points at keys the compose
-   ``keys`` set-up service made); the container's own writable layer ->
-   ``TRAINGUARD_STATE=<root>/containers/S``.
+2. **paths**: each service's mounts: a named volume V -> ``<root>/volumes/V``; a host path
+   /p -> ``<root>/host/p`` (unless it is under the root already: a variable the test set); a
+   repository file bound into a container -> a copy with this same translation applied to its
+   text (what the container reads, as it would read it); a secret N -> ``/run/secrets/N`` is
+   its file (``TRAINGUARD_KEYS_DIR`` points at keys the compose ``keys`` set-up service made);
+   the container's own writable layer -> ``TRAINGUARD_STATE=<root>/containers/S``.
 3. **executables**: the image's ENTRYPOINT ``trainguard`` -> this interpreter's
    ``python -m trainguard.cli.main`` (the image's Python, trainguard installed). The job
    spec's ``python -m MODULE`` is left as it is: the actuator runs it with its own

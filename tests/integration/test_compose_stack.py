@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,13 +23,13 @@ import yaml
 
 from tests.integration.compose_stack import (
     KAFKA_IMAGE,
+    ROOT,
     TRAINGUARD_IMAGE,
     Translation,
     condition,
     image,
     load,
 )
-from trainguard.actuators import signing
 from trainguard.actuators.jobspec import load_job_spec
 from trainguard.bus.config import KafkaConfig
 from trainguard.dev.kafka import KafkaBroker
@@ -123,6 +124,16 @@ def _wait(ok: Callable[[], bool], limit_s: float, what: str, stack: Stack,
     raise AssertionError(f"gave up waiting {limit_s:.0f} s for {what}")
 
 
+def _scrape_targets() -> list[tuple[str, str]]:
+    """(job, host:port) of every trainguard scrape job Prometheus is given."""
+    doc = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    out = [(job["job_name"], target) for job in doc["scrape_configs"]
+           if job["job_name"].startswith("trainguard-")
+           for static in job.get("static_configs", []) for target in static["targets"]]
+    assert len(out) >= 5, out
+    return out
+
+
 def _bound_pids(events: list[Event]) -> dict[int, int]:
     out: dict[int, int] = {}
     for e in events:
@@ -165,6 +176,7 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
         assert Path(secret["file"]).is_file(), (name, secret["file"])
     assert (Path(tr.doc["secrets"]["command-key"]["file"]).stat().st_mode & 0o077) == 0
 
+    t0 = time.monotonic()
     started: list[str] = []
     for name in tr.start_order():
         svc = services[name]
@@ -189,6 +201,9 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
         started.append(name)
     assert {"agent", "streams", "decide", "actuator", "incidents", "metrics",
             "alerts"} <= set(stack.services)
+    # Kafka's forever-retained log on its volume (KAFKA_LOG_DIRS), not in a scratch directory
+    assert (tr.mounts("kafka")["/var/lib/kafka/data"] / "meta.properties").is_file()
+    print(f"[compose] {len(stack.services)} services started: {time.monotonic() - t0:.1f} s")
 
     # the log as a client on the host reads it: through Kafka's EXTERNAL listener
     host_env = tr.env("agent")
@@ -205,7 +220,13 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
               f"the compose job {job.job_id}: every rank stepping, 2 checkpoints", stack,
               failed=lambda: _exited(_bound_pids(tail.events())))
 
-        # every /metrics Prometheus scrapes answers, listening on every interface
+        # Every trainguard target of deploy/prometheus/prometheus.yml, resolved from the
+        # prometheus service's point of view, answers /metrics; each of those services
+        # listens on every interface (127.0.0.1 only: Prometheus's container cannot reach it).
+        for job_name, target in _scrape_targets():
+            url = f"http://{tr.address('prometheus', target)}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                assert resp.status == 200 and b"# TYPE" in resp.read(), (job_name, url)
         for name in ("agent", "metrics", "decide", "actuator", "alerts"):
             proc = stack.services[name].proc
             assert proc is not None
@@ -213,6 +234,7 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
                      .net_connections("tcp") if c.status == psutil.CONN_LISTEN}
             assert any(ip == "0.0.0.0" for ip, _ in binds), (name, binds)
 
+        print(f"[compose] job stepping: {time.monotonic() - t0:.1f} s")
         base = view(tail.events()).epoch
         victim = _bound_pids(tail.events())[job.world_size - 1]
         killed_at = time.time_ns() // 1000
@@ -220,6 +242,7 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
         _wait(lambda: any(s is IncidentState.RECOVERED
                           for s in _incidents(tail.events(), killed_at - 5_000_000).values()),
               60, f"the incident of rank {job.world_size - 1}'s kill to end recovered", stack)
+        print(f"[compose] recovered: {time.monotonic() - t0:.1f} s")
         v = view(tail.events(), base_epoch=base)
         assert v.epochs_after >= 1
     finally:
@@ -230,6 +253,7 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
                               env={**os.environ, **tr.env("actuator")}, capture_output=True,
                               text=True, timeout=60, check=False)
         tail.stop()
+    print(f"[compose] torn down: {time.monotonic() - t0:.1f} s")
     assert done.returncode == 0, done.stdout + done.stderr
     incidents = _incidents(tail.events(), 0)
     assert incidents and all(s in ENDS for s in incidents.values()), incidents
