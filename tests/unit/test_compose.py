@@ -157,8 +157,8 @@ def test_the_image_has_what_the_launched_job_imports() -> None:
 def test_scraped_services_listen_beyond_loopback() -> None:
     """Prometheus (its own container) scrapes decide, the actuator, alerts, metrics and the
     agent: each must bind its metrics port on every interface."""
-    for name in ("agent", "decide", "actuator", "alerts"):
+    for name in ("agent", "decide", "actuator", "alerts", "metrics"):
         command = _compose()["services"][name]["command"]
-        assert command[command.index("--metrics-addr") + 1] == "0.0.0.0", name
-    metrics = _compose()["services"]["metrics"]["command"]
-    assert metrics[metrics.index("--addr") + 1] == "0.0.0.0"
+        addrs = [command[i + 1] for i, arg in enumerate(command)
+                 if arg in ("--metrics-addr", "--addr")]  # --addr: metrics serve, old name
+        assert addrs == ["0.0.0.0"], name

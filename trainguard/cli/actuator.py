@@ -39,10 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="refuse commands issued longer ago than this (default 60)")
     p.add_argument("--no-cgroups", action="store_true",
                    help="do not put units in CPU cgroups (tier 1 then fails, saying why)")
-    p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: none)")
-    p.add_argument("--metrics-addr", default="127.0.0.1",
-                   help="address /metrics listens on (default 127.0.0.1; 0.0.0.0 for "
-                   "Prometheus in another container or host)")
+    p.add_argument("--metrics-port", type=int, default=0, help="port for /metrics (0: none)")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="address for /metrics")
     p.add_argument("--teardown", action="store_true",
                    help="instead of serving: fence every replica of the job (bound on the "
                    "log, or alive in the replica journal) and stop its warm launcher, then exit")

@@ -41,10 +41,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--checkpoint-wait-s", type=float, default=30.0,
                    help="before migrating a straggler, ask the job to save and wait this long "
                         "for the checkpoint (0: migrate at once; default 30)")
-    p.add_argument("--metrics-port", type=int, default=0, help="/metrics port (0: none)")
-    p.add_argument("--metrics-addr", default="127.0.0.1",
-                   help="address /metrics listens on (default 127.0.0.1; 0.0.0.0 for "
-                   "Prometheus in another container or host)")
+    p.add_argument("--metrics-port", type=int, default=0, help="port for /metrics (0: none)")
+    p.add_argument("--metrics-addr", default="127.0.0.1", help="address for /metrics")
     p.set_defaults(func=_run)
 
 
