@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from trainguard.actuators.jobspec import ddp_job_doc
-from trainguard.demo.whole_loop import JOB, NODE, ENDS, end_job, open_incidents
+from trainguard.demo.whole_loop import ENDS, JOB, NODE, end_job, open_incidents
 from trainguard.dev.kafka import KafkaBroker
 from trainguard.drills.live import view
 from trainguard.drills.logtail import LogTail, read_job_log
