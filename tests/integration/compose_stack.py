@@ -33,6 +33,7 @@ dev broker's generated ones for what compose leaves to the image's defaults.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -290,6 +291,8 @@ class Translation:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.root.parent.rmdir()  # when no other run's root is left in it
 
 
 def image(svc: Mapping[str, Any]) -> str:

@@ -58,6 +58,7 @@ class Stack:
         self.logs = logs
         self.services: dict[str, Service] = {}
         self.broker: KafkaBroker | None = None
+        self.ended = False
 
     def run_once(self, name: str, timeout_s: float = 60) -> None:
         done = subprocess.run(self.tr.argv(name), env={**os.environ, **self.tr.env(name)},
@@ -88,7 +89,21 @@ class Stack:
         if svc is not None:
             svc.stop()
 
+    def end_job(self) -> subprocess.CompletedProcess[str] | None:
+        """End the job as the demo does (decide and the agent first: the ranks' exits are not a
+        fault), then the actuator's ``--teardown`` fences every replica. Once; None if the
+        actuator never started."""
+        if "actuator" not in self.services or self.ended:
+            return None
+        self.ended = True
+        for name in ("decide", "agent", "actuator"):
+            self.stop(name)
+        return subprocess.run([*self.tr.argv("actuator"), "--teardown"],
+                              env={**os.environ, **self.tr.env("actuator")},
+                              capture_output=True, text=True, timeout=60, check=False)
+
     def stop_all(self) -> None:
+        self.end_job()  # no rank outlives the test
         for name in list(self.services):
             self.stop(name)
         if self.broker is not None:
@@ -246,15 +261,10 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
         v = view(tail.events(), base_epoch=base)
         assert v.epochs_after >= 1
     finally:
-        # end the job as the demo does: no fault of the job's own, so no incident left open
-        for name in ("decide", "agent", "actuator"):
-            stack.stop(name)
-        done = subprocess.run([*tr.argv("actuator"), "--teardown"],
-                              env={**os.environ, **tr.env("actuator")}, capture_output=True,
-                              text=True, timeout=60, check=False)
+        done = stack.end_job()  # no fault of the job's own: no incident left open
         tail.stop()
     print(f"[compose] torn down: {time.monotonic() - t0:.1f} s")
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done is not None and done.returncode == 0, done
     incidents = _incidents(tail.events(), 0)
     assert incidents and all(s in ENDS for s in incidents.values()), incidents
     spec = yaml.safe_load(spec_file.read_text())
