@@ -26,6 +26,8 @@ outside containers is translated, all of it in :class:`Translation` (the one map
 4. **interpolation**: ``${VAR}``, ``${VAR:-default}``, ``${VAR-default}``, ``${VAR:?msg}``,
    ``$$`` from the variables given (a fresh checkout: only ``TRAINGUARD_KEYS_DIR``).
 
+Other images (Prometheus, Alertmanager) run from this machine's build of their program with
+their compose command plus the settings their image implies (``Translation.image_argv``).
 Kafka runs through ``trainguard.dev.kafka.KafkaBroker``: the compose ``KAFKA_*`` settings are
 its properties (the apache/kafka image's naming: ``KAFKA_LOG_DIRS`` -> ``log.dirs``), over the
 dev broker's generated ones for what compose leaves to the image's defaults.
@@ -232,7 +234,10 @@ class Translation:
             source, target = str(spec).split(":")[:2]
             if source.startswith("/"):
                 out[target] = self.host_path(source)
-            elif not source.startswith("."):
+            elif source.startswith("."):
+                if (ROOT / source).is_dir():
+                    out[target] = (ROOT / source).resolve()
+            else:
                 out[target] = self.root / "volumes" / source
         return out
 
@@ -252,6 +257,31 @@ class Translation:
                 arg = str(self.port(self.namespace(service), int(arg)))
             out.append(self.address(service, self.path(service, arg, mounts)))
             previous = arg
+        return out
+
+    def image_argv(self, service: str, binary: str,
+                   defaults: Mapping[str, str]) -> list[str]:
+        """A service of another image, run from this machine's build of its program: its
+        compose command, plus the image's implicit settings (``defaults``: what its Dockerfile
+        sets and compose does not override), translated alike; a path the container does not
+        mount lies in its writable layer, ``<root>/containers/S``."""
+        svc = self.services()[service]
+        command = [str(c) for c in svc.get("command", [])]
+        given = {arg.split("=", 1)[0] for arg in command}
+        mounts = self.mounts(service)
+        layer = self.root / "containers" / service
+
+        def value(text: str) -> str:
+            local = self.path(service, text, mounts)
+            if local == text and text.startswith("/"):
+                local = str(layer / text.lstrip("/"))
+            return self.address(service, local)
+
+        out = [binary]
+        for arg in [*command, *(f"{k}={v}" for k, v in defaults.items() if k not in given)]:
+            flag, eq, val = arg.partition("=")
+            out.append(f"{flag}={value(val)}" if eq else arg)
+        layer.mkdir(parents=True, exist_ok=True)
         return out
 
     def env(self, service: str) -> dict[str, str]:

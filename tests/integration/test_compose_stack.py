@@ -1,14 +1,20 @@
 """What docker-compose.yml would run is what runs here: the stack is derived from the compose
 file itself (``compose_stack``: same commands, environment, secrets, volumes, ports and Kafka
-listeners, through one explicit address/path mapping), started as plain processes, and a rank
-of the job the compose actuator launches is killed: the incident must end recovered.
+listeners, through one explicit address/path mapping), started as plain processes: the
+``keys`` set-up, Kafka (``dev/kafka.py`` from the ``KAFKA_*`` settings), ``topics-init`` to
+completion, every trainguard service, Prometheus and Alertmanager from Debian's builds. Then:
+every trainguard Prometheus target is up and bound beyond loopback, a rank of the job the
+compose actuator launched is killed and its incident ends recovered, the alerts service posts
+to Alertmanager, and ending the job leaves no incident open.
 
 Services that cannot run here are skipped, each for the reason in ``SKIPPED``; a service added
 to the compose file must be run here or given a reason."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -23,7 +29,6 @@ import yaml
 
 from tests.integration.compose_stack import (
     KAFKA_IMAGE,
-    ROOT,
     TRAINGUARD_IMAGE,
     Translation,
     condition,
@@ -41,12 +46,19 @@ from trainguard.events.payloads import IncidentState, IncidentTransition, PoolUn
 
 pytestmark = pytest.mark.integration
 
+# Other images, run from this machine's build of their program, with the settings their
+# image gives them and compose does not override (Debian's prometheus, prometheus-alertmanager).
+PROGRAMS = {
+    "prom/prometheus:": ("prometheus", {"--web.listen-address": ":9090",
+                                        "--storage.tsdb.path": "/prometheus"}),
+    # one Alertmanager: no gossip (in its container, port 9094 on its own network)
+    "prom/alertmanager:": ("prometheus-alertmanager", {"--web.listen-address": ":9093",
+                                                       "--storage.path": "/alertmanager",
+                                                       "--cluster.listen-address": ""}),
+}
 SKIPPED = {
-    "prometheus": "an image only (prom/prometheus); its scrape targets are checked by "
-                  "fetching each trainguard /metrics port here",
-    "alertmanager": "an image only (prom/alertmanager); the alerts service runs without it "
-                    "(its deliveries to Alertmanager fail and are retried)",
-    "grafana": "an image only (grafana/grafana); dashboards are tested on their own",
+    "grafana": "an image only (grafana/grafana; no Grafana here); its dashboards are tested "
+               "against the real Prometheus in test_prometheus_dashboards.py",
 }
 SETUP_PROFILE = "setup"
 ENDS = {IncidentState.RECOVERED, IncidentState.ESCALATED, IncidentState.UNRECOVERABLE}
@@ -67,6 +79,14 @@ class Stack:
 
     def start(self, name: str) -> None:
         svc = Service(name, self.tr.argv(name), self.logs / f"{name}.log", self.tr.env(name))
+        svc.start()
+        self.services[name] = svc
+
+    def start_program(self, name: str, binary: str, defaults: dict[str, str]) -> None:
+        path = shutil.which(binary)
+        assert path is not None, f"{name}: {binary} is not installed (./tg installs it)"
+        svc = Service(name, self.tr.image_argv(name, path, defaults),
+                      self.logs / f"{name}.log")
         svc.start()
         self.services[name] = svc
 
@@ -139,14 +159,21 @@ def _wait(ok: Callable[[], bool], limit_s: float, what: str, stack: Stack,
     raise AssertionError(f"gave up waiting {limit_s:.0f} s for {what}")
 
 
-def _scrape_targets() -> list[tuple[str, str]]:
-    """(job, host:port) of every trainguard scrape job Prometheus is given."""
-    doc = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
-    out = [(job["job_name"], target) for job in doc["scrape_configs"]
-           if job["job_name"].startswith("trainguard-")
-           for static in job.get("static_configs", []) for target in static["targets"]]
-    assert len(out) >= 5, out
-    return out
+def _trainguard_targets(api: str) -> set[str]:
+    """The health of Prometheus's trainguard-* targets (5 expected: agent, metrics, decide,
+    actuator, alerts); {"up"} when every one is."""
+    with urllib.request.urlopen(api, timeout=10) as resp:
+        active = json.loads(resp.read())["data"]["activeTargets"]
+    mine = [t for t in active if t["labels"]["job"].startswith("trainguard-")]
+    return {t["health"] for t in mine} if len(mine) >= 5 else {"missing"}
+
+
+def _sent_to_alertmanager(url: str) -> float:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        lines = resp.read().decode().splitlines()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines
+               if ln.startswith("trainguard_alerts_messages_sent_total{")
+               and 'channel="alertmanager"' in ln)
 
 
 def _bound_pids(events: list[Event]) -> dict[int, int]:
@@ -204,8 +231,12 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
             assert dep in started or dep in SKIPPED, (name, dep)
             if condition(svc, dep) == "service_healthy":
                 assert dep == "kafka", (name, dep)  # healthy = KafkaBroker.start returned
+        program = next((p for prefix, p in PROGRAMS.items() if image(svc).startswith(prefix)),
+                       None)
         if image(svc).startswith(KAFKA_IMAGE):
             stack.start_kafka(name)
+        elif program is not None:
+            stack.start_program(name, *program)
         elif not image(svc).startswith(TRAINGUARD_IMAGE):
             raise AssertionError(f"service {name} ({image(svc)}): run it here or say in "
                                  "SKIPPED why it cannot be")
@@ -235,13 +266,13 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
               f"the compose job {job.job_id}: every rank stepping, 2 checkpoints", stack,
               failed=lambda: _exited(_bound_pids(tail.events())))
 
-        # Every trainguard target of deploy/prometheus/prometheus.yml, resolved from the
-        # prometheus service's point of view, answers /metrics; each of those services
-        # listens on every interface (127.0.0.1 only: Prometheus's container cannot reach it).
-        for job_name, target in _scrape_targets():
-            url = f"http://{tr.address('prometheus', target)}/metrics"
-            with urllib.request.urlopen(url, timeout=10) as resp:
-                assert resp.status == 200 and b"# TYPE" in resp.read(), (job_name, url)
+        # The compose Prometheus (deploy/prometheus/prometheus.yml, its addresses as the
+        # prometheus container resolves them) has every trainguard target up. Here every
+        # address is this host, so a service bound to 127.0.0.1 would be up too: each must
+        # listen on every interface, or Prometheus's container could not reach it.
+        api = f"http://{tr.address('prometheus', 'localhost:9090')}/api/v1/targets"
+        _wait(lambda: _trainguard_targets(api) == {"up"}, 60,
+              f"every trainguard target up in Prometheus ({api})", stack)
         for name in ("agent", "metrics", "decide", "actuator", "alerts"):
             proc = stack.services[name].proc
             assert proc is not None
@@ -258,6 +289,10 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
                           for s in _incidents(tail.events(), killed_at - 5_000_000).values()),
               60, f"the incident of rank {job.world_size - 1}'s kill to end recovered", stack)
         print(f"[compose] recovered: {time.monotonic() - t0:.1f} s")
+        # the alerts service posted the incident to the compose Alertmanager
+        alerts_metrics = f"http://{tr.address('prometheus', 'alerts:9405')}/metrics"
+        _wait(lambda: _sent_to_alertmanager(alerts_metrics) > 0, 30,
+              "the alerts service to post to Alertmanager", stack)
         v = view(tail.events(), base_epoch=base)
         assert v.epochs_after >= 1
     finally:
