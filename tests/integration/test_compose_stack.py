@@ -8,7 +8,9 @@ compose actuator launched is killed and its incident ends recovered, the alerts 
 to Alertmanager, and ending the job leaves no incident open.
 
 Services that cannot run here are skipped, each for the reason in ``SKIPPED``; a service added
-to the compose file must be run here or given a reason."""
+to the compose file must be run here or given a reason. dcgm-exporter is no compose service
+(one per GPU node, outside this file): the agent's ``--dcgm-url`` maps to a port nothing
+serves here, as on a node without one, and the agent carries on without GPU samples."""
 
 from __future__ import annotations
 
