@@ -53,11 +53,16 @@ def _config(info: ClusterInfo) -> KafkaConfig:
 
 
 async def _leaders(cfg: KafkaConfig, topic: str) -> dict[int, tuple[int, int]]:
-    """partition -> (leader, replica count)."""
+    """partition -> (leader, replica count). A topic just created may not be in the metadata of
+    the node asked yet (it then describes no partitions): ask again for a while."""
     admin = AIOKafkaAdminClient(**cfg.client_kwargs())
     await admin.start()
     try:
-        (desc,) = await admin.describe_topics([topic])
+        for _ in range(60):
+            (desc,) = await admin.describe_topics([topic])
+            if desc["partitions"]:
+                break
+            await asyncio.sleep(0.5)
         return {p["partition"]: (p["leader"], len(p["replicas"])) for p in desc["partitions"]}
     finally:
         await admin.close()
