@@ -282,3 +282,24 @@ def test_the_service_answers_over_http_while_it_folds() -> None:
         assert all(e.type != "telemetry.node" for e in bus.events(TopicRole.TASK))
 
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_a_port_that_cannot_be_used_is_one_line_and_exit_2(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests import keys
+    from trainguard.cli.main import main
+
+    for name, value in keys.env().items():
+        monkeypatch.setenv(name, value)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        for argv, want in (([f"--http-port={port}"], f"--http-port {port}: cannot listen"),
+                           (["--http-port=70000"], "--http-port 70000: must be 0"),
+                           ([f"--http-port={port}", "--http-addr=192.0.2.1"], "cannot listen")):
+            code = main(["incident", "serve", "--bootstrap", "127.0.0.1:1", *argv])
+            lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()
+                     and not re.match(r"^\d{4}-\d\d-\d\d ", ln)]
+            assert code == 2 and len(lines) == 1 and want in lines[0], lines
+            assert "Traceback" not in lines[0]
