@@ -5,6 +5,7 @@ and the whole service on the in-memory bus answering over real HTTP while it fol
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 import socket
 from collections.abc import Sequence
@@ -29,8 +30,10 @@ from trainguard.incidents.synth import incident_log
 from trainguard.incidents.web import (
     PREFIX,
     Row,
+    TimelineRequest,
     incident_path,
     render_index,
+    resolve,
     root_href,
     route,
     rows,
@@ -95,6 +98,21 @@ def test_an_open_incident_page_reloads_itself() -> None:
     open_inc = replace(KILL, state=IncidentState.MITIGATING, closed_at=None)
     page = route("GET", incident_path(KILL.incident_id), Fixed([open_inc], LOG))
     assert '<meta http-equiv="refresh" content="10">' in page.body.decode()
+
+
+def test_a_timeline_request_is_a_copy_the_fold_can_go_on_from() -> None:
+    """The edge resolves in the fold's loop and renders in a thread: what it renders must not
+    change under it."""
+    inc = copy.deepcopy(KILL)
+    events = list(LOG)
+    req = resolve("GET", incident_path(inc.incident_id), Fixed([inc], events))
+    assert isinstance(req, TimelineRequest)
+    inc.state = IncidentState.ESCALATED
+    inc.transitions.clear()
+    next(iter(inc.commands.values())).outcomes.clear()
+    events.clear()
+    assert req.incident.state is IncidentState.RECOVERED and len(req.incident.transitions) == 5
+    assert all(c.outcomes for c in req.incident.commands.values()) and len(req.events) == len(LOG)
 
 
 def test_json_views_and_health() -> None:

@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 from trainguard.events.envelope import Event
 from trainguard.incidents.model import Incident
-from trainguard.timeline.build import NODE_TYPES, nodes_of
+from trainguard.timeline.build import NODE_TYPES
 
 PER_JOB = 200_000
 PER_NODE = 50_000
@@ -29,6 +29,7 @@ class EventContext:
         self.per_node = per_node
         self._jobs: dict[str, OrderedDict[str, Event]] = {}
         self._nodes: dict[str, OrderedDict[str, Event]] = {}
+        self._ran_on: dict[str, set[str]] = {}  # job -> the nodes its step reports came from
         self.dropped = 0  # events pushed out by the bounds
 
     def add(self, event: Event) -> None:
@@ -38,6 +39,8 @@ class EventContext:
             self._put(self._nodes, event.subject.node, event, self.per_node)
         else:
             self._put(self._jobs, event.job_id, event, self.per_job)
+            if event.type == "step.report" and event.subject.node is not None:
+                self._ran_on.setdefault(event.job_id, set()).add(event.subject.node)
 
     def _put(self, where: dict[str, OrderedDict[str, Event]], key: str, event: Event,
              bound: int) -> None:
@@ -53,11 +56,13 @@ class EventContext:
         return list(self._jobs.get(job_id, {}).values())
 
     def for_incident(self, inc: Incident) -> list[Event]:
-        """The job's events and the node events of the nodes it ran on: what
-        ``build_timeline`` picks its window from."""
-        job = self.job_events(inc.job_id)
-        out = list(job)
-        for node in sorted(nodes_of(inc, job)):
+        """The job's events and the node events of the nodes it ran on (a superset of what
+        ``build_timeline`` picks its window from), copied: no scan of the events here, so
+        the caller can take it in the fold's loop and build the timeline elsewhere."""
+        out = self.job_events(inc.job_id)
+        nodes = set(inc.nodes) | {b.node for b in inc.bindings if b.node} | {
+            f.node for f in inc.fences if f.node} | self._ran_on.get(inc.job_id, set())
+        for node in sorted(nodes):
             out += self._nodes.get(node, {}).values()
         return out
 

@@ -20,6 +20,7 @@ relative, so the pages also work behind a reverse proxy that serves them under a
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -77,9 +78,20 @@ def root_href(path: str) -> str:
     return "../" * depth or "./"
 
 
-def route(method: str, path: str, source: IncidentSource) -> Page:
-    """The page for one request. ``path`` is the URL path, percent-decoded, without the query.
-    HEAD gets GET's page (the edge leaves the body out)."""
+@dataclass(frozen=True)
+class TimelineRequest:
+    """A timeline page to build: the incident copied off the live fold with the events around
+    it, so that it can be built and rendered outside the fold's loop (``render_timeline``)."""
+
+    incident: Incident
+    events: list[Event]
+    fmt: str  # html | json
+    path: str
+
+
+def resolve(method: str, path: str, source: IncidentSource) -> Page | TimelineRequest:
+    """The page for one request, or the timeline to render for it. ``path`` is the URL path,
+    percent-decoded, without the query. HEAD gets GET's page (the edge leaves the body out)."""
     if method not in METHODS:
         return Page(405, TEXT, f"405 method not allowed: {method} (read-only: GET, HEAD)\n"
                     .encode(), (*NO_STORE, ("Allow", ", ".join(METHODS))))
@@ -104,13 +116,23 @@ def route(method: str, path: str, source: IncidentSource) -> Page:
         if inc is None:
             return not_found(path, f"no incident {name} (yet): the list shows every incident "
                              "the service has folded")
-        tl = build_timeline(inc, source.events_for(inc))
-        if fmt == "json":
-            return Page(200, JSON, render_json(tl).encode())
-        return Page(200, HTML, render_html(tl, back_href=root_href(path),
-                                           refresh_s=None if inc.terminal else OPEN_REFRESH_S)
-                    .encode())
+        return TimelineRequest(copy.deepcopy(inc), list(source.events_for(inc)), fmt, path)
     return not_found(path, "no such page")
+
+
+def render_timeline(req: TimelineRequest) -> Page:
+    tl = build_timeline(req.incident, req.events)
+    if req.fmt == "json":
+        return Page(200, JSON, render_json(tl).encode())
+    refresh = None if req.incident.terminal else OPEN_REFRESH_S
+    return Page(200, HTML, render_html(tl, back_href=root_href(req.path), refresh_s=refresh)
+                .encode())
+
+
+def route(method: str, path: str, source: IncidentSource) -> Page:
+    """``resolve`` and, for a timeline, ``render_timeline`` in one call."""
+    got = resolve(method, path, source)
+    return got if isinstance(got, Page) else render_timeline(got)
 
 
 def not_found(path: str, why: str) -> Page:
