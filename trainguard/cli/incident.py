@@ -9,9 +9,17 @@ import sys
 from pathlib import Path
 
 from trainguard.bus.kafka import KafkaBus
-from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
+from trainguard.cli.common import (
+    CliError,
+    add_kafka_args,
+    input_file,
+    kafka_config,
+    run_until_stopped,
+)
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
+from trainguard.incidents.context import EventContext
+from trainguard.incidents.live import LiveIncidents
 from trainguard.incidents.query import find, incident_views
 from trainguard.incidents.service import serve
 from trainguard.incidents.settings import IncidentSettings
@@ -44,6 +52,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "outcomes and pool events are folded only when one verifies them "
                      "(default $TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else "
                      "$TRAINGUARD_ACTUATOR_PUBKEYS)")
+    srv.add_argument("--http-port", type=int, default=0, help="serve the incident list and "
+                     "each timeline page (/incidents/<id>) over HTTP, read-only, live from the "
+                     "fold, on this port (default 0: no HTTP server)")
+    srv.add_argument("--http-addr", default="127.0.0.1", help="address of the HTTP pages "
+                     "(default 127.0.0.1: this host only)")
     srv.set_defaults(func=_serve)
 
 
@@ -110,11 +123,36 @@ def _serve(args: argparse.Namespace) -> int:
             actuators=signing.load_actuator_pubkeys(key_file=args.actuator_pubkeys))
     except signing.SigningKeyError as exc:
         raise SystemExit(f"trainguard incident serve: {exc}") from None
+    if not 0 <= args.http_port < 65536:
+        raise CliError(f"--http-port {args.http_port}: must be 0 (no HTTP server) to 65535")
     cfg = kafka_config(args, client_id="trainguard-incidents")
+    settings = settings_of(args)
 
     async def run(stop: asyncio.Event) -> None:
-        stats = await serve(KafkaBus(cfg), settings=settings_of(args), group=args.group,
-                            idle_flush_s=args.idle_flush_s, stop=stop, check=trust.check)
+        bus = KafkaBus(cfg)
+        live = LiveIncidents(settings)
+        context = EventContext()
+        web_runner = feed = None
+        if args.http_port:
+            from trainguard.incidents import webserver
+
+            try:
+                web_runner = await webserver.start(webserver.LiveSource(live, context),
+                                                   args.http_addr, args.http_port)
+            except webserver.WebError as exc:
+                raise CliError(str(exc)) from None
+            print(f"incidents: serving http://{args.http_addr}:{args.http_port}/", flush=True)
+            feed = asyncio.create_task(webserver.follow_context(bus, context, stop))
+        try:
+            stats = await serve(bus, settings=settings, group=args.group,
+                                idle_flush_s=args.idle_flush_s, stop=stop, check=trust.check,
+                                live=live, observe=context.add if args.http_port else None)
+        finally:
+            stop.set()
+            if feed is not None:
+                await asyncio.gather(feed, return_exceptions=True)
+            if web_runner is not None:
+                await web_runner.cleanup()
         print(f"incidents: consumed {stats.consumed}, published {stats.published}, "
               f"already published {stats.already_published}")
 

@@ -67,7 +67,8 @@ _EVENT_SPECS: tuple[TopicSpec, ...] = (
               "Per-node telemetry batches and node health; as many partitions as the task "
               "topic, so a job's telemetry and task events meet in one streams worker.",
               writers=frozenset({S.AGENT}),
-              readers=_ALL_SEE | {S.AGENT, S.STREAMS}),
+              # incidents: the served timeline pages draw the network and GPU tracks from it
+              readers=_ALL_SEE | {S.AGENT, S.STREAMS, S.INCIDENTS}),
     TopicSpec(TopicRole.TASK, 12, "job",
               "Step reports, heartbeats, process exits, checkpoints: one job stays ordered.",
               writers=frozenset({S.AGENT}),
@@ -88,7 +89,7 @@ _EVENT_SPECS: tuple[TopicSpec, ...] = (
               readers=_ALL_SEE | {S.STREAMS, S.DECIDE, S.ACTUATOR, S.INCIDENTS, S.DRILLS}),
     TopicSpec(TopicRole.DRILLS, 3, "job", "Fault injections by drills.",
               writers=frozenset({S.DRILLS}),
-              readers=_ALL_SEE | {S.DRILLS}),
+              readers=_ALL_SEE | {S.DRILLS, S.INCIDENTS}),  # incidents: the served timelines
     TopicSpec(TopicRole.INCIDENTS, 3, "job", "Incident state transitions.",
               writers=frozenset({S.INCIDENTS}),
               readers=_ALL_SEE | {S.ALERTS, S.DRILLS}),

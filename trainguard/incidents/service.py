@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,13 +81,18 @@ class Publisher:
 async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                 group: str | None = None, idle_flush_s: float = 5.0,
                 stop: asyncio.Event | None = None, stats: ServiceStats | None = None,
-                check: Check | None = None) -> ServiceStats:
+                check: Check | None = None, live: LiveIncidents | None = None,
+                observe: Callable[[Event], None] | None = None) -> ServiceStats:
     """``check`` (``signing.Trust.check``): commands, outcomes and pool events are folded only
     when their signature verifies; the others are dead-lettered by the consumer and left out
-    of the history read at start. None: nothing is checked (in-process tests)."""
+    of the history read at start. None: nothing is checked (in-process tests).
+
+    ``live``: the fold to use (the served pages read it); ``observe``: called with every
+    accepted input event, history and live, before it is folded (the pages' event context)."""
     stats = stats or ServiceStats()
     stop = stop or asyncio.Event()
-    live = LiveIncidents(settings)
+    live = live if live is not None else LiveIncidents(settings)
+    seen = observe or (lambda _ev: None)
     known = {e.event_id: canonical(e) for e in await bus.read([TopicRole.INCIDENTS])
              if e.type == "incident.transition"}
     producer = bus.producer()
@@ -101,6 +107,7 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
         out: list[Event] = []
         # topic by topic is not an arrival order within any lateness: time order is
         for ev in order(history):
+            seen(ev)
             try:
                 out += live.feed(ev)
             except Exception as exc:  # the live consumer below dead-letters it
@@ -120,6 +127,7 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
             out = []
             by_id = {item.event.event_id: item for item in batch}
             for ev in order(item.event for item in batch):  # a batch spans partitions
+                seen(ev)
                 try:
                     out += live.feed(ev)
                 except Exception as exc:  # poison for the fold: dead-lettered, carry on

@@ -36,12 +36,19 @@ svg .lane-label{fill:#333} svg .tick{fill:#666} svg .qline{stroke:#111;stroke-da
 """
 
 
-def render_html(tl: Timeline) -> str:
+def render_html(tl: Timeline, *, back_href: str | None = None,
+                refresh_s: int | None = None) -> str:
+    """``back_href`` and ``refresh_s``: the served page (``incident serve --http-port``) links
+    back to the incident list and, while the incident is open, reloads itself (a meta refresh,
+    no script). The file written by ``incident show`` has neither."""
     zero = tl.opened_at
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        *([f'<meta http-equiv="refresh" content="{int(refresh_s)}">'] if refresh_s else []),
         f"<title>incident {escape(tl.incident_id[:12])} · {escape(tl.job_id)}</title>",
         f"<style>{CSS}</style></head><body>",
+        *([f'<nav id="nav"><a href="{escape(back_href)}">all incidents</a> · served live: a '
+           "reload shows new events</nav>"] if back_href is not None else []),
         f'<h1 id="title">Incident {escape(tl.incident_id)}</h1>',
         f'<div class="meta">job <b id="job">{escape(tl.job_id)}</b> · subject '
         f'{escape(tl.subject)} · state <span class="state" id="state">'
