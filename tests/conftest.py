@@ -3,6 +3,10 @@ parts), tests/drill (fault drills). `./tg test` runs each tier with `-m <tier>`.
 
 from __future__ import annotations
 
+import importlib.util
+import re
+from pathlib import Path
+
 import pytest
 
 TIERS = ("unit", "integration", "drill")
@@ -15,3 +19,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for tier in TIERS:
             if tier in parts and "tests" in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+
+
+# The services run on Python 3.10-3.13; `./tg test` also runs the unit tier on another Python
+# in a venv without the `workload` extra (torch is gigabytes). There, the modules that import
+# torch (directly or through the reference workload) at module level are left out, and the
+# run says how many.
+_NEEDS_TORCH = re.compile(r"^(import torch|from torch[. ]|from trainguard\.workload[. ])", re.M)
+_HAS_TORCH = importlib.util.find_spec("torch") is not None
+_LEFT_OUT: list[str] = []
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    if _HAS_TORCH or collection_path.suffix != ".py" or not collection_path.name.startswith(
+            "test_"):
+        return None
+    if _NEEDS_TORCH.search(collection_path.read_text(encoding="utf-8")):
+        _LEFT_OUT.append(collection_path.name)
+        return True
+    return None
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _LEFT_OUT:
+        terminalreporter.write_line(
+            f"left out without torch (the workload extra is not installed): "
+            f"{len(_LEFT_OUT)} modules: {', '.join(sorted(_LEFT_OUT))}")

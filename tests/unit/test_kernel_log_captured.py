@@ -3,7 +3,7 @@ captured, sources in its README), and over any bytes at all."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from trainguard.collectors.kernel_log import (
     Origin,
     TimeContext,
 )
+from trainguard.compat import UTC
 from trainguard.events.payloads import NodeHealth
 from trainguard.events.payloads import NodeHealthKind as K
 

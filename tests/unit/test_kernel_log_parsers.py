@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
@@ -17,6 +17,7 @@ from trainguard.collectors.kernel_log import (
     parse_kmsg_record,
     parse_text_line,
 )
+from trainguard.compat import UTC
 from trainguard.events.payloads import NodeHealthKind as K
 
 BOOT = 1_764_000_000_000_000

@@ -14,7 +14,8 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
+
+from trainguard.compat import StrEnum
 
 
 class SlurmParseError(ValueError):

@@ -8,8 +8,8 @@ was escalated to a human, or it was declared unrecoverable.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 
+from trainguard.compat import StrEnum
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import IncidentState, IncidentTransition
 

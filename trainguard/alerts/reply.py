@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+
+from trainguard.compat import StrEnum
 
 
 class Verdict(StrEnum):

@@ -32,13 +32,14 @@ import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from trainguard.collectors.base import Discrete, Reading
+from trainguard.compat import UTC, fromisoformat
 from trainguard.events.envelope import Subject
 from trainguard.events.payloads import NodeHealth, NodeHealthKind
 
@@ -122,7 +123,7 @@ def parse_time_us(value: object, default_tz: tzinfo = UTC) -> int:
     if re.fullmatch(r"[0-9]{1,20}\.[0-9]{1,9}", text):
         return _epoch_number_us(float(text))
     try:
-        dt = datetime.fromisoformat(text.replace(" UTC", "+00:00"))
+        dt = fromisoformat(text.replace(" UTC", "+00:00"))
     except ValueError:
         raise ValueError(f"{text[:60]!r} is neither ISO-8601 nor an epoch number") from None
     if dt.tzinfo is None:

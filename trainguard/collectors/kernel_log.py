@@ -31,10 +31,11 @@ import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from typing import Literal, Protocol
 
 from trainguard.collectors.base import Discrete, Reading
+from trainguard.compat import UTC
 from trainguard.events.envelope import Subject
 from trainguard.events.payloads import NodeHealth, NodeHealthKind
 

@@ -33,7 +33,7 @@ def _name(common: str) -> x509.Name:
 def make_tls_files(directory: Path, days: int = 365) -> TlsFiles:
     """A new CA and a server certificate signed by it, written under ``directory`` (0600)."""
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC)
+    now = dt.datetime.now(dt.timezone.utc)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = (x509.CertificateBuilder()
                .subject_name(_name("trainguard dev CA")).issuer_name(_name("trainguard dev CA"))

@@ -8,7 +8,9 @@ rules and replay use the times carried in events.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import datetime
+
+from trainguard.compat import UTC
 
 US_PER_S = 1_000_000
 US_PER_MS = 1_000

@@ -10,10 +10,11 @@ Conventions, shared by every payload:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainguard.compat import StrEnum
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegFinite = Annotated[float, Field(ge=0, allow_inf_nan=False)]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Literal
 
+from trainguard.compat import StrEnum
 from trainguard.events import payloads as p
 from trainguard.events.topics import TopicRole
 

@@ -9,8 +9,9 @@ faust creates itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Literal
+
+from trainguard.compat import StrEnum
 
 
 class TopicRole(StrEnum):

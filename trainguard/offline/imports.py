@@ -19,7 +19,7 @@ import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, tzinfo
+from datetime import tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from pydantic import ValidationError
 from trainguard.collectors.base import Discrete, Reading
 from trainguard.collectors.health_import import import_fault_log_text, parse_time_us
 from trainguard.collectors.kernel_log import KernelLogFollower, ListSource, Origin, TimeContext
+from trainguard.compat import UTC
 from trainguard.configfile import show
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+
+from trainguard.compat import UTC, fromisoformat
 
 _OFFSET = re.compile(r"^(start|end)?([+-])(\d+(?:\.\d+)?)(us|ms|s|m|h)$")
 _UNIT_US = {"us": 1, "ms": 1_000, "s": 1_000_000, "m": 60_000_000, "h": 3_600_000_000}
@@ -30,7 +31,7 @@ def parse_when(text: str, *, field: str, first: int, last: int) -> int:
     if s.isdigit():
         return int(s)
     try:
-        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+        dt = fromisoformat(s.replace("Z", "+00:00"))
     except ValueError:
         raise WindowError(
             f"{field}: not an ISO time, epoch microseconds or offset like start+30s / end-5m "

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Literal
+
+from trainguard.compat import StrEnum
 
 Kind = Literal["progress", "resources", "results", "expectation"]
 
