@@ -49,4 +49,4 @@ def test_the_cli_flag_and_env_choose_the_address(monkeypatch: pytest.MonkeyPatch
     assert build_parser().parse_args(["streams"]).web_addr == "127.0.0.1"
     monkeypatch.setenv("TRAINGUARD_STREAMS_WEB_ADDR", "::1")
     assert build_parser().parse_args(["streams"]).web_addr == "::1"
-    assert build_parser().parse_args(["streams", "--web-addr", "10.0.0.5"]).web_addr == "10.0.0.5"
+    assert build_parser().parse_args(["streams", "--http-addr", "10.0.0.5"]).http_addr == "10.0.0.5"
