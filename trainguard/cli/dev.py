@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from trainguard.bus.acl import ADMIN_USER, acl_bindings
+from trainguard.cli.flags import renamed
 from trainguard.dev.cluster import ClusterInfo, KafkaCluster
 from trainguard.dev.kafka import USERS, BrokerError, KafkaBroker, fetch_kafka
-from trainguard.cli.flags import renamed
 from trainguard.dev.slurm import ClusterSpec, SlurmCluster, SlurmError
 
 

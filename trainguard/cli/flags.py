@@ -65,7 +65,7 @@ def flag_problems(action: argparse.Action) -> list[str]:
                                   or set(action.choices) != OFFSET_CHOICES):
             problems.append(f"{flag}: a start position is {OFFSET_FLAG} "
                             f"{{{','.join(sorted(OFFSET_CHOICES))}}}")
-        if action.choices and OFFSET_CHOICES <= set(action.choices) and flag != OFFSET_FLAG:
+        if action.choices and set(action.choices) >= OFFSET_CHOICES and flag != OFFSET_FLAG:
             problems.append(f"{flag}: a start position is {OFFSET_FLAG}")
         if "loglevel" in words or "datadir" in words:
             problems.append(f"{flag}: words are separated by hyphens")

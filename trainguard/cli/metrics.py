@@ -52,7 +52,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _otlp_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--otlp-endpoint", help="OTLP/HTTP traces endpoint, e.g. "
                    "http://collector:4318/v1/traces (default $TRAINGUARD_OTLP_ENDPOINT, else "
-                   "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT; none: no traces)")
+                   "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT + "
+                   "/v1/traces; none: no traces; headers and timeout from OTEL_*: docs/cli.md)")
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -62,14 +63,15 @@ def _serve(args: argparse.Namespace) -> int:
     from trainguard.metrics.recorder import Recorder
     from trainguard.metrics.registry import PipelineMetrics
     from trainguard.metrics.service import EventSink, MetricsService
-    from trainguard.traces.provider import otlp_emitter, otlp_endpoint
+    from trainguard.traces.provider import otlp_emitter, otlp_settings
     from trainguard.traces.sink import IncidentTraceSink
 
     cfg = kafka_config(args, client_id="trainguard-metrics")
     recorder = Recorder(PipelineMetrics(), series_ttl_s=args.series_ttl_s)
     sinks: list[EventSink] = []
-    endpoint = otlp_endpoint(args.otlp_endpoint)
-    emitter = otlp_emitter(endpoint, service_name="trainguard-metrics") if endpoint else None
+    otlp = otlp_settings(args.otlp_endpoint)
+    endpoint = otlp.endpoint if otlp else None
+    emitter = otlp_emitter(otlp, service_name="trainguard-metrics") if otlp else None
     if emitter is not None:
         sinks.append(IncidentTraceSink(emitter))
     start_http_server(args.metrics_port, addr=args.metrics_addr,
@@ -101,8 +103,9 @@ def _traces(args: argparse.Namespace) -> int:
     from trainguard.events.codec import decode
     from trainguard.events.errors import ContractError
     from trainguard.traces.plan import plan_traces
-    from trainguard.traces.provider import otlp_emitter, otlp_endpoint
+    from trainguard.traces.provider import otlp_emitter, otlp_settings
 
+    otlp = otlp_settings(args.otlp_endpoint)  # a bad OTEL_* variable: one line, before reading
     events = []
     with args.file.open("rb") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -113,8 +116,7 @@ def _traces(args: argparse.Namespace) -> int:
                     print(f"{args.file}:{lineno}: {err}", file=sys.stderr)
                     return 2
     plans = [p for p in plan_traces(events) if p.complete or args.all]
-    endpoint = otlp_endpoint(args.otlp_endpoint)
-    emitter = otlp_emitter(endpoint, service_name="trainguard-replay") if endpoint else None
+    emitter = otlp_emitter(otlp, service_name="trainguard-replay") if otlp else None
     for plan in plans:
         if emitter is not None:
             emitter.emit(plan)
