@@ -36,7 +36,7 @@ from trainguard.rules import RuleSet, load_default_rules, parse_rules
 BASE = incident_log()
 RECORDED = BASE + rebuild(BASE)  # the log as the incident service leaves it
 RULES = load_default_rules()
-DEFAULT_YAML = (Path(__file__).resolve().parents[2] / "trainguard/rules/default.yaml").read_text()
+DEFAULT_YAML = (Path(__file__).resolve().parents[2] / "rules/default.yaml").read_text()
 
 
 def strict_rules() -> RuleSet:
