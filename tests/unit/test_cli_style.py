@@ -59,9 +59,9 @@ def test_every_flag_follows_the_scheme() -> None:
 def test_the_scheme_refuses_each_old_spelling(flag: str) -> None:
     """The rules can fail: every renamed spelling breaks at least one of them."""
     parser = argparse.ArgumentParser()
-    action = parser.add_argument(flag, type=float if flag in ("--interval", "--duration",
-                                                                "--timeout", "--series-ttl")
-                                 else None, help="x")
+    timed = flag in ("--interval", "--duration", "--timeout", "--series-ttl")
+    action = (parser.add_argument(flag, type=float, help="x") if timed
+              else parser.add_argument(flag, help="x"))
     assert flag_problems(action), flag
 
 

@@ -78,8 +78,11 @@ class DeprecatedAlias(argparse.Action):
 
     def __init__(self, option_strings: Sequence[str], dest: str, *,
                  target: argparse.Action, **_: Any) -> None:
+        convert = target.type
+        if isinstance(convert, str):  # argparse's registered type names: not used here
+            raise ValueError(f"{target.option_strings}: give type as a callable")
         super().__init__(option_strings, dest, nargs=target.nargs, const=target.const,
-                         default=argparse.SUPPRESS, type=target.type, choices=target.choices,
+                         default=argparse.SUPPRESS, type=convert, choices=target.choices,
                          help=argparse.SUPPRESS, metavar=target.metavar)
         self.target = target
         self.warned = False
