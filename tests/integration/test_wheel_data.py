@@ -19,6 +19,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "rules", "trainguard")
 
 
+def _setuptools_at_least(major: int) -> bool:
+    from importlib import metadata
+
+    try:
+        return int(metadata.version("setuptools").split(".")[0]) >= major
+    except (metadata.PackageNotFoundError, ValueError):
+        return False
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
@@ -29,7 +38,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         else:
             shutil.copy2(ROOT / name, src / name)
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+    # the venv's own setuptools when it is new enough (no download), else pip's isolated build
+    isolation: list[str] = []
+    if _setuptools_at_least(77):
+        isolation = ["--no-build-isolation"]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation,
                     "-q", "-w", str(out), str(src)], check=True, timeout=300)
     (built,) = out.glob("trainguard-*.whl")
     return built
