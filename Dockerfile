@@ -3,7 +3,9 @@ FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends iproute2 nftables procps \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /opt/trainguard
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
+# the rule sets: the wheel ships rules/*.yaml inside the package (setup.py)
+COPY rules ./rules
 COPY trainguard ./trainguard
 COPY sdk ./sdk
 # The service depends on trainguard-sdk (the agent decodes its wire format): from ./sdk. The

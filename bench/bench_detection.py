@@ -174,7 +174,7 @@ def main() -> None:
         cfg = KafkaConfig(bootstrap=info.bootstrap, topic_prefix=f"bd{uuid.uuid4().hex[:6]}")
         asyncio.run(ensure_topics(cfg, partitions={s.role: 3 for s in TOPIC_SPECS}))
         cmd = [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
-               info.bootstrap, "--prefix", cfg.topic_prefix, "--datadir", f"{tmp}/w"]
+               info.bootstrap, "--prefix", cfg.topic_prefix, "--data-dir", f"{tmp}/w"]
         if args.no_prompt:
             cmd.append("--no-prompt")
         if args.batch_size:

@@ -135,11 +135,11 @@ def main() -> None:
         kafka = ["--bootstrap", cfg.bootstrap, "--prefix", cfg.topic_prefix]
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         procs = [
-            subprocess.Popen([*base, "agent", *kafka, "--node", "bench-node", "--interval",
+            subprocess.Popen([*base, "agent", *kafka, "--node", "bench-node", "--interval-s",
                               "0.5", "--metrics-port", "0", "--gpu", "none", "--discover",
                               "--no-kernel-log", "--spool-dir", str(tmp / "spool"),
                               "--socket", str(sock)], env=env, **quiet),  # type: ignore[call-overload]
-            subprocess.Popen([*base, "streams", *kafka, "--datadir", str(tmp / "streams")],
+            subprocess.Popen([*base, "streams", *kafka, "--data-dir", str(tmp / "streams")],
                              env=env, **quiet),  # type: ignore[call-overload]
             subprocess.Popen([*base, "decide", *kafka, "--settle-s", "1"], env=env),
         ]

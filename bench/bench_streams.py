@@ -3,7 +3,7 @@ a raw aiokafka consumer decoding the same records in the same run.
 
     .venv/bin/python -m bench.bench_streams [nodes] [seconds] [-- worker options...]
 
-Options after ``--`` go to ``trainguard streams`` (e.g. ``-- --commit-interval 1``).
+Options after ``--`` go to ``trainguard streams`` (e.g. ``-- --commit-interval-s 1``).
 
 Samples are GPU samples (8 per node record). The worker is timed from the evaluate agent's first
 committed offset to the last (faust commits in exactly-once transactions), so start-up is not
@@ -81,7 +81,7 @@ def main() -> None:
         app_id = f"{cfg.topic_prefix}-streams"
         worker = subprocess.Popen(
             [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
-             info.bootstrap, "--prefix", cfg.topic_prefix, "--datadir", f"{tmp}/w", *extra],
+             info.bootstrap, "--prefix", cfg.topic_prefix, "--data-dir", f"{tmp}/w", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             first_t = first = None

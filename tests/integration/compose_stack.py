@@ -12,7 +12,7 @@ outside containers is translated, all of it in :class:`Translation` (the one map
    ``http://alertmanager:9093``) resolve from the service's own point of view: ``localhost``
    is its own namespace, a service name that service's, ``host.docker.internal`` the host.
    Bind-all addresses (``0.0.0.0``, an empty host) stay bind-all, on the mapped port; the
-   ports named by ``--metrics-port`` / ``--port`` / ``--web-port`` flags are mapped the same.
+   ports named by ``--metrics-port`` / ``--http-port`` flags are mapped the same.
 2. **paths**: each service's mounts: a named volume V -> ``<root>/volumes/V``; a host path
    /p -> ``<root>/host/p`` (unless it is under the root already: a variable the test set); a
    repository file bound into a container -> a copy with this same translation applied to its
@@ -56,7 +56,7 @@ TRAINGUARD_IMAGE = "trainguard:"
 KAFKA_IMAGE = "apache/kafka:"
 HOST = "host"  # the namespace of network_mode: host
 SECRETS_DIR = "/run/secrets"
-PORT_FLAGS = ("--metrics-port", "--port", "--web-port")
+PORT_FLAGS = ("--metrics-port", "--http-port")
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 BIND_ALL = ("", "0.0.0.0")
 

@@ -47,7 +47,7 @@ def test_agent_publishes_node_records_and_a_killed_rank_exit(kafka: KafkaConfig,
     sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(
         [sys.executable, "-m", "trainguard.cli.main", "agent", "--node", "node-live",
-         "--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix, "--interval",
+         "--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix, "--interval-s",
          str(INTERVAL_S), "--metrics-port", "0", "--no-kernel-log", "--gpu", "none",
          "--spool-dir", str(tmp_path / "spool"), "--socket", str(sock)],
         stderr=subprocess.PIPE)

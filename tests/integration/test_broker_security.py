@@ -145,7 +145,7 @@ def test_the_streams_worker_runs_under_its_own_principal(secure_broker: BrokerIn
                                     gpu=3))
     env = {**os.environ, **secure_broker.client_env(Service.STREAMS, prefix)}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "trainguard.cli.main", "streams", "--datadir", str(tmp_path)],
+        [sys.executable, "-m", "trainguard.cli.main", "streams", "--data-dir", str(tmp_path)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         async def publish() -> None:
@@ -214,7 +214,7 @@ def test_a_streams_worker_outside_its_own_names_stops_with_one_line(
     # (it only logs a warning); the worker refuses to start instead.
     env = {**os.environ, **secure_broker.client_env(Service.STREAMS, prefix)}
     proc = subprocess.run(
-        [sys.executable, "-m", "trainguard.cli.main", "streams", "--datadir", str(tmp_path),
+        [sys.executable, "-m", "trainguard.cli.main", "streams", "--data-dir", str(tmp_path),
          "--app-id", f"{prefix}-elsewhere"],
         env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]

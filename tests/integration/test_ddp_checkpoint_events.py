@@ -25,7 +25,7 @@ def test_checkpoint_events_reach_kafka_through_the_agent(kafka: KafkaConfig,
     sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(
         [sys.executable, "-m", "trainguard.cli.main", "agent", "--node", "node-ckpt",
-         "--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix, "--interval", "0.5",
+         "--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix, "--interval-s", "0.5",
          "--metrics-port", "0", "--no-kernel-log", "--gpu", "none",
          "--spool-dir", str(tmp_path / "spool"), "--socket", str(sock)],
         stderr=subprocess.PIPE)

@@ -31,7 +31,7 @@ from trainguard.rules import load_default_rules, parse_rules
 
 LOG = incident_log()
 SETTINGS = IncidentSettings()
-DEFAULT_YAML = (Path(__file__).resolve().parents[2] / "trainguard/rules/default.yaml").read_text()
+DEFAULT_YAML = (Path(__file__).resolve().parents[2] / "rules/default.yaml").read_text()
 
 
 async def publish(cfg: KafkaConfig, events: list[Event]) -> None:

@@ -169,7 +169,7 @@ def test_the_streams_worker_carries_on_when_a_node_dies(cluster: KafkaCluster,
     # stderr to a file: a pipe nobody reads fills up and blocks the worker
     with (tmp_path / "worker.stderr").open("wb") as log:
         worker = subprocess.Popen([sys.executable, "-m", "trainguard.cli.main", "streams",
-                                   "--datadir", str(tmp_path / "w")],
+                                   "--data-dir", str(tmp_path / "w")],
                                   env=env, stdout=subprocess.DEVNULL, stderr=log)
     victims: list[int] = []
     try:

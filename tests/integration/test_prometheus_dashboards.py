@@ -138,10 +138,11 @@ def services(kafka: KafkaConfig, tmp_path: Path
     kargs = ["--bootstrap", kafka.bootstrap, "--prefix", kafka.topic_prefix]
     rx = OtlpReceiver().__enter__()
     procs = [
-        _spawn(["metrics", "serve", *kargs, "--port", str(metrics_port), "--from", "earliest",
-                "--otlp-endpoint", rx.endpoint, "--watch-group", "dlq-writer"],
+        _spawn(["metrics", "serve", *kargs, "--metrics-port", str(metrics_port),
+                "--from-offset", "earliest", "--otlp-endpoint", rx.endpoint,
+                "--watch-group-id", "dlq-writer"],
                tmp_path / "metrics.log"),
-        _spawn(["agent", "--node", "node-prom", *kargs, "--interval", "0.25", "--metrics-port",
+        _spawn(["agent", "--node", "node-prom", *kargs, "--interval-s", "0.25", "--metrics-port",
                 str(agent_port), "--no-kernel-log", "--gpu", "none", "--spool-dir",
                 str(tmp_path / "spool"), "--socket", str(tmp_path / "agent.sock")],
                tmp_path / "agent.log"),

@@ -61,7 +61,7 @@ def test_the_worker_takes_epochs_from_signed_bindings_only(kafka: KafkaConfig,
 
     worker = subprocess.Popen(
         [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap", kafka.bootstrap,
-         "--prefix", kafka.topic_prefix, "--datadir", str(tmp_path / "w")],
+         "--prefix", kafka.topic_prefix, "--data-dir", str(tmp_path / "w")],
         env={**os.environ, **keys.env()},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

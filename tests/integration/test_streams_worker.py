@@ -54,7 +54,7 @@ def _worker(kafka: KafkaConfig, datadir: Path) -> subprocess.Popen[bytes]:
     with (datadir.parent / f"{datadir.name}.stderr").open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
-             kafka.bootstrap, "--prefix", kafka.topic_prefix, "--datadir", str(datadir)],
+             kafka.bootstrap, "--prefix", kafka.topic_prefix, "--data-dir", str(datadir)],
             stdout=subprocess.DEVNULL, stderr=log)
 
 

@@ -24,6 +24,7 @@ import yaml
 from tests import keys
 from trainguard.actuators.jobspec import ddp_job_doc
 from trainguard.cli.common import input_file
+from trainguard.cli.flags import is_alias
 from trainguard.cli.main import build_parser, main
 from trainguard.events import encode
 from trainguard.events.samples import sample_events
@@ -32,8 +33,7 @@ pytestmark = pytest.mark.unit
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ [A-Z]+ ")
 # Path arguments a command writes or creates (not read): not walked with bad files.
-OUTPUTS = {"out", "output", "state_dir", "spool_dir", "socket", "run_dir", "root", "datadir",
-           "dir"}
+OUTPUTS = {"out", "state_dir", "spool_dir", "socket", "run_dir", "runs_dir", "data_dir", "dir"}
 # Documented exceptions, with the reason; everything else must exit 2.
 EXIT_CODES: dict[tuple[str, ...], dict[str, int]] = {
     ("events", "validate"): {"malformed": 1},  # 1: "N invalid record(s)" found, its result
@@ -55,8 +55,9 @@ class Command:
         return " ".join(self.words)
 
     def actions(self) -> list[argparse.Action]:
-        return [a for a in self.parser._actions
-                if not isinstance(a, argparse._SubParsersAction | argparse._HelpAction)]
+        return [a for a in self.parser._actions  # an old, hidden spelling is the same argument
+                if not isinstance(a, argparse._SubParsersAction | argparse._HelpAction)
+                and not is_alias(a)]
 
     def files(self) -> list[argparse.Action]:
         """The arguments naming a file the command reads (every positional may be one)."""
@@ -99,8 +100,8 @@ def _good(dest: str, tmp: Path) -> Path:
                                                    agent_socket=None)))
     elif dest == "config":
         path.write_text("channels: [{name: a, type: webhook, url: 'http://127.0.0.1:9/x'}]\n")
-    elif dest in ("key_file", "actuator_key"):
-        path.write_text((keys.COMMAND if dest == "key_file" else keys.ACTUATOR).hex())
+    elif dest in ("command_key", "actuator_key"):
+        path.write_text((keys.COMMAND if dest == "command_key" else keys.ACTUATOR).hex())
     elif dest in ("command_pubkey", "actuator_pubkeys"):
         key = keys.COMMAND if dest == "command_pubkey" else keys.ACTUATOR
         path.write_text(key.public().hex())
@@ -279,7 +280,7 @@ def test_a_broken_drill_run_is_one_line(meta: bytes, field: str, action: str, tm
 @pytest.mark.parametrize(("argv", "what"), [
     (["agent", "--job-id", "bad id"], "job id 'bad id'"),
     (["agent", "--node", ""], "node ''"),
-    (["decide", "--job", "x" * 200], "job id 'xxx"),
+    (["decide", "--job-id", "x" * 200], "job id 'xxx"),
 ])
 def test_an_id_that_breaks_the_contract_is_refused_before_running(
         argv: list[str], what: str, capsys: pytest.CaptureFixture[str],

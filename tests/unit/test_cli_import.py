@@ -50,7 +50,7 @@ def test_import_kmsg_writes_valid_events_in_order_and_twice_the_same(
     src = FIXTURES / "kernel" / "captured" / "docker-for-linux-1001.syslog.log"
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     for out in (a, b):
-        code, _, err = _run(["import", "kmsg", str(src), "--node", "n1", "--job", "j",
+        code, _, err = _run(["import", "kmsg", str(src), "--node", "n1", "--job-id", "j",
                              "--year", "2021", "--out", str(out)], capsys)
         assert code == 0, err
     assert a.read_bytes() == b.read_bytes()
@@ -78,7 +78,7 @@ def test_import_steps_csv_with_a_mapping(tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "steps.jsonl"
     code, _, err = _run(["import", "steps", str(_trace(tmp_path / "t.csv")), "--map", MAP,
-                         "--job", "train-1", "--node", "n1", "--out", str(out)], capsys)
+                         "--job-id", "train-1", "--node", "n1", "--out", str(out)], capsys)
     assert code == 0, err
     evs = _events(out)
     assert len(evs) == 24
@@ -174,12 +174,12 @@ def test_the_users_path_import_then_replay_log(tmp_path: Path,
     imported and concatenated: `replay --log --json` finds the verdicts and incidents."""
     steps, kmsg, faults = (tmp_path / n for n in ("s.jsonl", "k.jsonl", "f.jsonl"))
     trace = _trace(tmp_path / "t.csv", rows=20)
-    assert _run(["import", "steps", str(trace), "--map", MAP, "--job", "train-1", "--node",
+    assert _run(["import", "steps", str(trace), "--map", MAP, "--job-id", "train-1", "--node",
                  "n1", "--out", str(steps)], capsys)[0] == 0
     klog = tmp_path / "dmesg.txt"
     klog.write_text("[Tue Dec  1 10:00:05 2026] Out of memory: Killed process 4002 (python) "
                     "total-vm:1kB, anon-rss:1kB, file-rss:0kB, shmem-rss:0kB, UID:0\n")
-    assert _run(["import", "kmsg", str(klog), "--node", "n1", "--job", "train-1", "--out",
+    assert _run(["import", "kmsg", str(klog), "--node", "n1", "--job-id", "train-1", "--out",
                  str(kmsg)], capsys)[0] == 0
     flog = tmp_path / "faults.csv"
     flog.write_text("node,start,end,fault_class\nn7,2026-12-01T10:00:01Z,2026-12-01T10:00:09Z,"
@@ -205,12 +205,12 @@ def test_the_users_path_import_then_replay_log(tmp_path: Path,
 def test_an_untimed_public_trace_imports_on_a_step_axis_and_replays(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Alibaba's mini-batch times (tests/fixtures/alibaba: worker, iteration, normalised time;
-    no wall clock): step N lands at --start + N x --step-interval-ms; the rules find the one
+    no wall clock): step N lands at --start-time + N x --step-interval-ms; the rules find the one
     straggler the dataset labels (worker 6, iterations ~1810-1940)."""
     out = tmp_path / "a.jsonl"
     code, _, err = _run(["import", "steps", str(FIXTURES / "alibaba" / "job_1_norm.csv"),
-                         "--map", "rank=worker,step=time,compute_ms=batch_time_norm", "--job",
-                         "alibaba-1", "--start", "2026-12-01T00:00:00Z", "--out", str(out)],
+                         "--map", "rank=worker,step=time,compute_ms=batch_time_norm", "--job-id",
+                         "alibaba-1", "--start-time", "2026-12-01T00:00:00Z", "--out", str(out)],
                         capsys)
     assert code == 0, err
     evs = _events(out)

@@ -160,5 +160,5 @@ def test_scraped_services_listen_beyond_loopback() -> None:
     for name in ("agent", "decide", "actuator", "alerts", "metrics"):
         command = _compose()["services"][name]["command"]
         addrs = [command[i + 1] for i, arg in enumerate(command)
-                 if arg in ("--metrics-addr", "--addr")]  # --addr: metrics serve, old name
+                 if arg == "--metrics-addr"]
         assert addrs == ["0.0.0.0"], name

@@ -10,7 +10,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "events.md"
 
 def test_docs_events_md_is_the_rendered_registry() -> None:
     assert DOC.read_text() == render_markdown(), (
-        "docs/events.md is stale: run `trainguard events schema --output docs/events.md`")
+        "docs/events.md is stale: run `trainguard events schema --out docs/events.md`")
 
 
 def test_every_type_and_every_payload_field_is_documented() -> None:

@@ -85,11 +85,11 @@ def test_every_dashboard_links_to_the_others() -> None:
 
 
 def test_committed_dashboards_are_the_built_ones() -> None:
-    out = ROOT / "deploy/grafana/dashboards"
+    out = ROOT / "dashboards"
     for name, doc in DOCS.items():
         path = out / name
         assert path.exists() and path.read_text() == render(doc), (
-            f"{path} is stale: run `trainguard dashboards build --out deploy/grafana/dashboards`")
+            f"{path} is stale: run `trainguard dashboards build --out dashboards`")
 
 
 def _exported_names() -> set[str]:

@@ -36,7 +36,7 @@ from trainguard.rules import RuleSet, load_default_rules, parse_rules
 BASE = incident_log()
 RECORDED = BASE + rebuild(BASE)  # the log as the incident service leaves it
 RULES = load_default_rules()
-DEFAULT_YAML = (Path(__file__).resolve().parents[2] / "trainguard/rules/default.yaml").read_text()
+DEFAULT_YAML = (Path(__file__).resolve().parents[2] / "rules/default.yaml").read_text()
 
 
 def strict_rules() -> RuleSet:
@@ -104,13 +104,13 @@ def test_the_window_limits_the_comparison() -> None:
     ("-2s", T0 + 98_000_000), ("end-500ms", T0 + 99_500_000), ("end+1h", T0 + 3_700_000_000),
 ])
 def test_times_and_offsets(text: str, expected: int) -> None:
-    assert parse_when(text, field="--from", first=T0, last=T0 + 100_000_000) == expected
+    assert parse_when(text, field="--since", first=T0, last=T0 + 100_000_000) == expected
 
 
 def test_bad_times_name_the_option() -> None:
-    with pytest.raises(WindowError, match="--to: not an ISO time"):
-        parse_when("yesterday", field="--to", first=0, last=1)
-    with pytest.raises(WindowError, match="--to: before --from"):
+    with pytest.raises(WindowError, match="--until: not an ISO time"):
+        parse_when("yesterday", field="--until", first=0, last=1)
+    with pytest.raises(WindowError, match="--until: before --since"):
         Window(start=5, end=4)
 
 
@@ -145,7 +145,7 @@ def test_cli_replay_list_show_and_export(tmp_path: Path, capsys: pytest.CaptureF
                  "--out", str(out)]) == 0
     assert "When did the old replica stop?" in out.read_text()
     part = tmp_path / "part.jsonl"
-    assert main(["replay", "export", "--log", str(log), "--from", "+20s", "--out",
+    assert main(["replay", "export", "--log", str(log), "--since", "+20s", "--out",
                  str(part)]) == 0
     assert all(e.event_time >= T0 + 20_000_000 for e in read_log_file(part))
     assert main(["incident", "show", "nope", "--log", str(log)]) == 2

@@ -46,7 +46,7 @@ def test_the_web_view_binds_what_it_is_told() -> None:
 
 
 def test_the_cli_flag_and_env_choose_the_address(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert build_parser().parse_args(["streams"]).web_addr == "127.0.0.1"
+    assert build_parser().parse_args(["streams"]).http_addr == "127.0.0.1"
     monkeypatch.setenv("TRAINGUARD_STREAMS_WEB_ADDR", "::1")
-    assert build_parser().parse_args(["streams"]).web_addr == "::1"
-    assert build_parser().parse_args(["streams", "--web-addr", "10.0.0.5"]).web_addr == "10.0.0.5"
+    assert build_parser().parse_args(["streams"]).http_addr == "::1"
+    assert build_parser().parse_args(["streams", "--http-addr", "10.0.0.5"]).http_addr == "10.0.0.5"

@@ -16,6 +16,7 @@ from trainguard.cli.common import (
     kafka_config,
     run_until_stopped,
 )
+from trainguard.cli.flags import renamed
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_kafka_args(p)
     p.add_argument("--node", default=socket.gethostname(), help="this node's name")
     p.add_argument("--job-id", help="job id for node-level records (default node:<node>)")
-    p.add_argument("--interval", type=float, default=1.0,
-                   help="sampling interval in seconds (default 1, down to 0.1)")
+    renamed(p, p.add_argument("--interval-s", type=float, default=1.0,
+                              help="sampling interval in seconds (default 1, down to 0.1)"),
+            "--interval")
     p.add_argument("--spool-dir", type=Path, help="on-disk spool (default $TRAINGUARD_STATE/"
                    "agent-<node>/spool)")
     p.add_argument("--spool-max-mb", type=float, default=256.0, help="spool budget in MiB")
@@ -46,7 +48,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--fault-log", type=input_file, help="a node fault log (JSONL/CSV) to import")
     p.add_argument("--discover", action="store_true",
                    help="also watch processes whose environment has TRAINGUARD_JOB_ID")
-    p.add_argument("--duration", type=float, help="stop after this many seconds")
+    renamed(p, p.add_argument("--duration-s", type=float, help="stop after this many seconds "
+                              "(default: run until signalled)"), "--duration")
     p.set_defaults(func=_run)
 
 
@@ -59,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     check_ids(job_id=args.job_id, node=args.node)
     cfg = kafka_config(args, client_id=f"trainguard-agent-{args.node}")
     opts = AgentOptions(
-        node=args.node, job_id=args.job_id, interval_s=args.interval,
+        node=args.node, job_id=args.job_id, interval_s=args.interval_s,
         spool_dir=args.spool_dir or state_dir() / f"agent-{args.node}" / "spool",
         spool_max_bytes=int(args.spool_max_mb * (1 << 20)), socket_path=args.socket,
         gpu=args.gpu, dcgm_url=args.dcgm_url, interfaces=args.interfaces, peers=args.peer,
@@ -74,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
                     args.metrics_port)
 
     try:
-        run_until_stopped(built.run, args.duration)
+        run_until_stopped(built.run, args.duration_s)
     finally:
         built.close()
     return 0

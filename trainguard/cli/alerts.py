@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
+from trainguard.cli.flags import renamed
 
 if TYPE_CHECKING:
     from trainguard.alerts.config import AlertsConfig
@@ -31,18 +32,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "for history)")
     run.add_argument("--metrics-port", type=int, default=9405, help="/metrics port (0: none)")
     run.add_argument("--metrics-addr", default="127.0.0.1", help="address for /metrics")
-    run.add_argument("--duration", type=float, help="stop after this many seconds")
+    renamed(run, run.add_argument("--duration-s", type=float, help="stop after this many "
+                                  "seconds (default: run until signalled)"), "--duration")
     run.set_defaults(func=_run)
 
     check = cmds.add_parser("check", help="validate a config and resolve its secrets")
-    check.add_argument("--config", type=input_file, required=True)
+    check.add_argument("--config", type=input_file, required=True,
+                       help="alerts YAML (channels) to check")
     check.set_defaults(func=_check)
 
     rx = cmds.add_parser("receiver", help="a local HTTP receiver that records every request "
                          "(JSON lines) and answers like the chat vendors")
-    rx.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: free)")
+    renamed(rx, rx.add_argument("--http-port", type=int, default=0,
+                                help="HTTP port on 127.0.0.1 (default 0: a free one)"), "--port")
     rx.add_argument("--out", type=Path, required=True, help="JSON-lines file to append to")
-    rx.add_argument("--duration", type=float, help="stop after this many seconds")
+    renamed(rx, rx.add_argument("--duration-s", type=float, help="stop after this many "
+                                "seconds (default: run until interrupted)"), "--duration")
     rx.set_defaults(func=_receiver)
 
 
@@ -86,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
 
     log.warning("alerts: %d channel(s): %s", len(config.channels),
                 ", ".join(b.channel.policy.name for b in config.channels))
-    run_until_stopped(service.run, args.duration)
+    run_until_stopped(service.run, args.duration_s)
     return 0
 
 
@@ -94,10 +99,10 @@ def _receiver(args: argparse.Namespace) -> int:
     from trainguard.dev.webhook_receiver import Route, WebhookReceiver
 
     routes = [Route("slack", "/slack/", reply=b"ok"), Route("any", "/")]
-    rx = WebhookReceiver(routes, port=args.port, record_to=args.out).start()
+    rx = WebhookReceiver(routes, port=args.http_port, record_to=args.out).start()
     print(f"receiving on {rx.base_url} (Slack-style answers under /slack/, JSON elsewhere); "
           f"recording to {args.out}", flush=True)
-    stop = time.monotonic() + args.duration if args.duration else None
+    stop = time.monotonic() + args.duration_s if args.duration_s else None
     try:
         while stop is None or time.monotonic() < stop:
             time.sleep(0.2)

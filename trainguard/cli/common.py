@@ -116,10 +116,11 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from trainguard.incidents.source import LogFileError, LogSourceError
     from trainguard.replay.window import WindowError
     from trainguard.rules.schema import RuleError
+    from trainguard.traces.provider import OtlpConfigError
 
     return (CliError, ConfigFileError, RuleError, JobSpecError, ConfigError, ScenarioError,
             KafkaConfigError, SigningKeyError, LogFileError, LogSourceError, WindowError,
-            IncidentNotFound, ContractError, BrokerError, UnicodeError)
+            IncidentNotFound, ContractError, BrokerError, OtlpConfigError, UnicodeError)
 
 
 def one_line(text: str) -> str:

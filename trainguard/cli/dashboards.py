@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     d_sub = dash.add_subparsers(dest="dashboards_command", required=True)
     build = d_sub.add_parser("build", help="write every dashboard as JSON")
     build.add_argument("--out", type=Path, required=True,
-                       help="directory (the provisioned one: deploy/grafana/dashboards)")
+                       help="directory (the provisioned one: dashboards/)")
     build.set_defaults(func=_build)
     queries = d_sub.add_parser("queries", help="print every PromQL expression, by dashboard")
     queries.set_defaults(func=_queries)

@@ -11,20 +11,23 @@ from trainguard.cli.common import (
     kafka_config,
     run_until_stopped,
 )
+from trainguard.cli.flags import renamed
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("decide", help="run the remediation policy: verdicts -> signed commands")
     add_kafka_args(p)
-    p.add_argument("--key-file", type=input_file, help="Ed25519 command signing key (default "
-                   "$TRAINGUARD_COMMAND_KEY_FILE, else $TRAINGUARD_COMMAND_KEY)")
+    renamed(p, p.add_argument("--command-key", type=input_file, help="Ed25519 command signing "
+                              "key (default $TRAINGUARD_COMMAND_KEY_FILE, else "
+                              "$TRAINGUARD_COMMAND_KEY)"), "--key-file")
     p.add_argument("--actuator-pubkeys", type=input_file, help="trusted actuator public keys: "
                    "outcomes and pool events are believed only when signed by one (default "
                    "$TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else $TRAINGUARD_ACTUATOR_PUBKEYS)")
     p.add_argument("--command-pubkey", type=input_file, help="decide's earlier public keys, still "
                    "trusted when reading its own commands back after a key rotation (default "
                    "$TRAINGUARD_COMMAND_PUBKEY_FILE, else $TRAINGUARD_COMMAND_PUBKEY; optional)")
-    p.add_argument("--job", action="append", help="only these jobs (default: every job)")
+    renamed(p, p.add_argument("--job-id", action="append", help="only this job (repeatable; "
+                              "default: every job)"), "--job")
     p.add_argument("--window-s", type=float, default=5.0,
                    help="one policy window, in seconds (default 5)")
     p.add_argument("--tier-windows", type=int, default=2,
@@ -61,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     from trainguard.bus.kafka import KafkaBus
 
     try:
-        key = load_key(key_file=args.key_file)
+        key = load_key(key_file=args.command_key)
         actuators = load_actuator_pubkeys(key_file=args.actuator_pubkeys)
         previous = KeySet()
         if args.command_pubkey is not None or has_command_pubkey():
@@ -74,12 +77,12 @@ def _run(args: argparse.Namespace) -> int:
                            checkpoint_wait_s=args.checkpoint_wait_s)
     except (SigningKeyError, ValueError) as exc:
         raise SystemExit(f"trainguard decide: {exc}") from None
-    for job in args.job or ():
+    for job in args.job_id or ():
         check_ids(job_id=job)
     cfg = kafka_config(args, client_id="trainguard-decide")
     metrics.serve(args.metrics_port, args.metrics_addr)
     decider = Decider(KafkaBus(cfg), DeciderOptions(key=key, actuators=actuators,
                                                     previous=previous, policy=pol,
-                                          jobs=frozenset(args.job) if args.job else None))
+                                          jobs=frozenset(args.job_id) if args.job_id else None))
     run_until_stopped(decider.run)
     return 0

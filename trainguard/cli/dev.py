@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from trainguard.bus.acl import ADMIN_USER, acl_bindings
+from trainguard.cli.flags import renamed
 from trainguard.dev.cluster import ClusterInfo, KafkaCluster
 from trainguard.dev.kafka import USERS, BrokerError, KafkaBroker, fetch_kafka
 from trainguard.dev.slurm import ClusterSpec, SlurmCluster, SlurmError
@@ -46,7 +47,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         if name == "start":
             p.add_argument("--fresh", action="store_true",
                            help="discard existing data and ports, format a new cluster")
-            p.add_argument("--timeout", type=float, default=90.0, help="seconds to wait")
+            renamed(p, p.add_argument("--timeout-s", type=float, default=90.0,
+                                      help="seconds to wait for the broker (default 90)"),
+                    "--timeout")
             p.add_argument("--secure", action="store_true",
                            help="SASL/SCRAM-SHA-512 on the client listener, ACLs from the "
                                 "topic registry, one principal per service (needs a new "
@@ -84,8 +87,9 @@ def _register_slurm(dev_sub: argparse._SubParsersAction[argparse.ArgumentParser]
             p.add_argument("--nodes", type=int, default=3, help="job nodes (default 3)")
             p.add_argument("--spares", type=int, default=1,
                            help="spare nodes, feature 'spare' (default 1)")
-            p.add_argument("--timeout", type=float, default=60.0,
-                           help="seconds to wait for every node to be idle")
+            renamed(p, p.add_argument("--timeout-s", type=float, default=60.0,
+                                      help="seconds to wait for every node to be idle "
+                                      "(default 60)"), "--timeout")
         p.set_defaults(func=_run_slurm)
 
 
@@ -93,7 +97,7 @@ def _run_slurm(args: argparse.Namespace) -> int:
     cluster = SlurmCluster(args.state_dir)
     try:
         if args.slurm_command == "start":
-            info = cluster.start(ClusterSpec(args.nodes, args.spares), timeout_s=args.timeout)
+            info = cluster.start(ClusterSpec(args.nodes, args.spares), timeout_s=args.timeout_s)
             print(json.dumps({"status": "running", "conf": info.conf,
                               "shared_dir": info.shared_dir,
                               "nodes": {n.name: n.address for n in info.nodes}}))
@@ -132,7 +136,7 @@ def _run(args: argparse.Namespace) -> int:
     if cmd == "start":
         prefix = args.prefix or _default_prefix()
         try:
-            info = broker.start(fresh=args.fresh, timeout_s=args.timeout,
+            info = broker.start(fresh=args.fresh, timeout_s=args.timeout_s,
                                 secure=True if args.secure else None)
             rules = broker.grant(prefix) if info.secure else 0
         except BrokerError as exc:
@@ -193,7 +197,7 @@ def _run_cluster(args: argparse.Namespace, cluster: KafkaCluster) -> int:
         try:
             cluster = KafkaCluster(args.state_dir, size=args.brokers,
                                    min_insync=args.min_insync)
-            info = cluster.start(fresh=args.fresh, timeout_s=max(args.timeout, 180.0))
+            info = cluster.start(fresh=args.fresh, timeout_s=max(args.timeout_s, 180.0))
         except BrokerError as exc:
             print(f"trainguard dev kafka start: {str(exc).splitlines()[0]}")
             return 1

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from trainguard.cli.flags import renamed
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("drill", help="fault drills: run scenarios, verify and report them")
@@ -17,18 +19,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run = d.add_parser("run", help="run scenarios for real on the local loop")
     run.add_argument("scenarios", nargs="+", metavar="SCENARIO",
                      help="a built-in name, a YAML file, round:N or all")
-    run.add_argument("--root", type=Path, help="where runs go (default "
-                     "$TRAINGUARD_STATE/drills)")
+    renamed(run, run.add_argument("--runs-dir", type=Path, help="where runs go (default "
+                                  "$TRAINGUARD_STATE/drills)"), "--root")
     run.add_argument("--sign-off", default="unsigned", help="who signs the drill off")
     run.set_defaults(func=_run)
     ver = d.add_parser("verify", help="recompute every conclusion of a run from its recorded "
                        "log and archives, and compare")
     ver.add_argument("run", metavar="RUN", help="a run id or directory")
-    ver.add_argument("--root", type=Path)
+    renamed(ver, ver.add_argument("--runs-dir", type=Path, help="where to look for a run id "
+                                  "(default $TRAINGUARD_STATE/drills)"), "--root")
     ver.set_defaults(func=_verify)
     rep = d.add_parser("report", help="write Markdown and HTML reports of a run")
     rep.add_argument("run", metavar="RUN", help="a run id or directory")
-    rep.add_argument("--root", type=Path)
+    renamed(rep, rep.add_argument("--runs-dir", type=Path, help="where to look for a run id "
+                                  "(default $TRAINGUARD_STATE/drills)"), "--root")
     rep.set_defaults(func=_report)
 
 
@@ -53,7 +57,7 @@ def _run_dir(args: argparse.Namespace) -> Path:
     if p.is_dir():
         _check_meta(p / "run.json")
         return p
-    found = Path(args.root or runs_root()) / str(args.run)
+    found = Path(args.runs_dir or runs_root()) / str(args.run)
     if not found.is_dir():
         raise SystemExit(f"trainguard drill: no run {args.run!r} (looked in {found.parent})")
     _check_meta(found / "run.json")
@@ -95,12 +99,12 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    run_dir = run_drills(scenarios, root=args.root, signer=args.sign_off)
+    run_dir = run_drills(scenarios, root=args.runs_dir, signer=args.sign_off)
     print(f"[drill] run {run_dir.name}: {run_dir}")
     meta = json.loads((run_dir / "run.json").read_text())
     for name, s in meta["scenarios"].items():
         print(f"  {name:22} {s['conclusion'] or 'not run: ' + s.get('not_run', '')}")
-    for line in changed_since_last(args.root or runs_root(), run_dir):
+    for line in changed_since_last(args.runs_dir or runs_root(), run_dir):
         print(f"[drill] {line}")
     print(f"[drill] next: trainguard drill verify {run_dir.name}; "
           f"trainguard drill report {run_dir.name}")

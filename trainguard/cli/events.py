@@ -10,6 +10,7 @@ from pathlib import Path
 from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.cli.common import add_kafka_args, input_file, kafka_config
+from trainguard.cli.flags import renamed
 from trainguard.events.codec import decode, encode
 from trainguard.events.docs import render_markdown
 from trainguard.events.errors import ContractError
@@ -20,7 +21,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     events = sub.add_parser("events", help="the event contract and the event log")
     ev_sub = events.add_subparsers(dest="events_command", required=True)
     schema = ev_sub.add_parser("schema", help="print the contract (docs/events.md)")
-    schema.add_argument("--output", type=Path, help="write to this file instead of stdout")
+    renamed(schema, schema.add_argument("--out", type=Path, help="write to this file instead "
+                                        "of stdout"), "--output")
     schema.set_defaults(func=_schema)
     tail = ev_sub.add_parser("tail", help="print events from the log, one JSON per line")
     add_kafka_args(tail)
@@ -29,14 +31,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tail.add_argument("--follow", action="store_true", help="keep reading new events")
     tail.set_defaults(func=_tail)
     validate = ev_sub.add_parser("validate", help="check a JSON-lines file of events")
-    validate.add_argument("file", type=input_file)
+    validate.add_argument("file", type=input_file, help="JSON-lines file, one event a line")
     validate.set_defaults(func=_validate)
 
 
 def _schema(args: argparse.Namespace) -> int:
     text = render_markdown()
-    if args.output:
-        args.output.write_text(text)
+    if args.out:
+        args.out.write_text(text)
     else:
         sys.stdout.write(text)
     return 0

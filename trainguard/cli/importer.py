@@ -2,10 +2,10 @@
 trace -> an event log (JSON lines of valid events, in event-time order) that
 `trainguard replay --log` takes: the way to try the rules on your own history.
 
-    trainguard import kmsg dmesg.txt --node gpu-17 --job train-42 --out kmsg.jsonl
+    trainguard import kmsg dmesg.txt --node gpu-17 --job-id train-42 --out kmsg.jsonl
     trainguard import faults faults.csv --out faults.jsonl
     trainguard import steps trace.csv --map rank=worker,step=iter,compute_ms=fwd_bwd_ms,time=ts \\
-        --job train-42 --out steps.jsonl
+        --job-id train-42 --out steps.jsonl
     trainguard import steps job_1_norm.csv --map rank=worker,step=time,compute_ms=batch_time_norm
     cat kmsg.jsonl steps.jsonl > log.jsonl && trainguard replay --log log.jsonl
 
@@ -22,6 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from trainguard.cli.common import CliError, check_ids, input_file
+from trainguard.cli.flags import renamed
 from trainguard.collectors.health_import import fault_log_format, parse_time_us
 from trainguard.events.envelope import Event
 from trainguard.incidents.source import write_log
@@ -46,8 +47,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "--time-format iso, ...) or journalctl -k (short, short-iso, ...)")
     k.add_argument("file", type=input_file, help="the kernel log, one record or line a line")
     k.add_argument("--node", required=True, help="the node the log is from")
-    k.add_argument("--job", help="file the events under this job (needed to match an OOM-killed "
-                   "pid to a rank of the job); default node:<node>")
+    renamed(k, k.add_argument("--job-id", help="file the events under this job (needed to match "
+                              "an OOM-killed pid to a rank of the job); default node:<node>"),
+            "--job")
     k.add_argument("--boot-time", metavar="T", help="when the node booted (ISO-8601 or epoch): "
                    "for monotonic stamps ([  12.345678], /dev/kmsg); default the epoch")
     k.add_argument("--year", type=int, help="year of stamps printed without one (journalctl "
@@ -58,7 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     f = isub.add_parser("faults", help="a cluster's fault log (CSV or JSON lines: node, start, "
                         "end, fault_class[, message, code])")
     f.add_argument("file", type=input_file, help="the fault log (.csv, else JSON lines)")
-    f.add_argument("--job", help="file every event under this job; default node:<node> each")
+    renamed(f, f.add_argument("--job-id", help="file every event under this job; default "
+                              "node:<node> each"), "--job")
     _out(f)
     f.set_defaults(func=_faults)
 
@@ -67,14 +70,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--map", required=True, metavar="FIELD=COLUMN,...",
                    help="which column is which step.report field: rank, step and compute_ms "
                    "are needed; time (ISO-8601 or epoch s/ms/us/ns; without it step N is at "
-                   "--start + N x --step-interval-ms), world_size, "
+                   "--start-time + N x --step-interval-ms), world_size, "
                    "samples_consumed, dp_rank, pp_stage, tp_rank, comm_ms, data_wait_ms, step_ms, "
                    "loss, pid, binding_epoch, node, job")
-    s.add_argument("--job", help="job id (default: the job column, else 'imported')")
+    renamed(s, s.add_argument("--job-id", help="job id (default: the job column, else "
+                              "'imported')"), "--job")
     s.add_argument("--node", help="node of every rank (default: the node column, else none)")
     s.add_argument("--world-size", type=int, help="default: the column, else largest rank + 1")
-    s.add_argument("--start", metavar="T", help="time of step 0 of a trace without a time "
-                   "column (ISO-8601 or epoch; default 2026-01-01T00:00:00Z)")
+    renamed(s, s.add_argument("--start-time", metavar="T", help="time of step 0 of a trace "
+                              "without a time column (ISO-8601 or epoch; default "
+                              "2026-01-01T00:00:00Z)"), "--start")
     s.add_argument("--step-interval-ms", type=float, default=1000.0,
                    help="time between steps of a trace without a time column (default 1000)")
     _out(s)
@@ -120,7 +125,7 @@ def _write(args: argparse.Namespace, got: Imported) -> int:
 
 def _kmsg(args: argparse.Namespace) -> int:
     text = _read(args.file)
-    check_ids(job_id=args.job, node=args.node)
+    check_ids(job_id=args.job_id, node=args.node)
     boot = 0
     if args.boot_time is not None:
         try:
@@ -129,17 +134,17 @@ def _kmsg(args: argparse.Namespace) -> int:
             raise CliError(f"--boot-time: {exc}") from None
     if args.year is not None and not 1970 <= args.year <= 9999:
         raise CliError(f"--year: must be between 1970 and 9999 (got {args.year})")
-    got = kmsg_events(text, name=str(args.file), node=args.node, job_id=args.job,
+    got = kmsg_events(text, name=str(args.file), node=args.node, job_id=args.job_id,
                       boot_time_us=boot, year=args.year)
     return _write(args, got)
 
 
 def _faults(args: argparse.Namespace) -> int:
     text = _read(args.file)
-    check_ids(job_id=args.job)
+    check_ids(job_id=args.job_id)
     try:
         got = fault_events(text, name=str(args.file), fmt=fault_log_format(args.file),
-                           job_id=args.job)
+                           job_id=args.job_id)
     except BadInput as exc:
         raise CliError(str(exc)) from None
     return _write(args, got)
@@ -147,22 +152,22 @@ def _faults(args: argparse.Namespace) -> int:
 
 def _steps(args: argparse.Namespace) -> int:
     text = _read(args.file)
-    check_ids(job_id=args.job, node=args.node)
+    check_ids(job_id=args.job_id, node=args.node)
     if args.world_size is not None and args.world_size < 1:
         raise CliError(f"--world-size: must be >= 1 (got {args.world_size})")
     if not 0 < args.step_interval_ms <= 86_400_000:
         raise CliError(f"--step-interval-ms: must be > 0 and at most a day (got "
                        f"{args.step_interval_ms:g})")
     start = DEFAULT_START_US
-    if args.start is not None:
+    if args.start_time is not None:
         try:
-            start = parse_time_us(args.start)
+            start = parse_time_us(args.start_time)
         except ValueError as exc:
-            raise CliError(f"--start: {exc}") from None
+            raise CliError(f"--start-time: {exc}") from None
     try:
         mapping = parse_mapping(args.map)
         got = step_events(text, name=str(args.file), fmt=trace_format(args.file),
-                          mapping=mapping, job_id=args.job, node=args.node,
+                          mapping=mapping, job_id=args.job_id, node=args.node,
                           world_size=args.world_size, start_us=start,
                           step_interval_ms=args.step_interval_ms)
     except BadInput as exc:

@@ -16,6 +16,7 @@ from trainguard.cli.common import (
     kafka_config,
     run_until_stopped,
 )
+from trainguard.cli.flags import renamed
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
 from trainguard.incidents.context import EventContext
@@ -36,13 +37,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     show = inc_sub.add_parser("show", help="one incident's timeline and the four answers")
     show.add_argument("id", metavar="ID", help="incident id or a unique prefix (4+ chars)")
     _log_args(show)
-    show.add_argument("--format", choices=sorted(FORMATS), default="text")
+    show.add_argument("--format", choices=sorted(FORMATS), default="text",
+                      help="text (default), md, html (a self-contained page) or json")
     show.add_argument("--out", type=Path, help="write to this file instead of stdout")
     show.set_defaults(func=_show)
     srv = inc_sub.add_parser("serve", help="consume the log, publish incident transitions")
     add_kafka_args(srv)
     _settings_args(srv)
-    srv.add_argument("--group", help="consumer group (default: <prefix>-incidents)")
+    renamed(srv, srv.add_argument("--group-id", help="consumer group (default: "
+                                  "<prefix>-incidents)"), "--group")
     srv.add_argument("--idle-flush-s", type=float, default=5.0,
                      help="flush the reorder buffer after this long without input")
     srv.add_argument("--command-pubkey", type=input_file, help="decide's public key: commands are "
@@ -64,7 +67,7 @@ def _log_args(p: argparse.ArgumentParser) -> None:
     add_kafka_args(p)
     p.add_argument("--log", type=input_file, help="an exported JSON-lines log instead of the "
                    "topics (`trainguard replay export`)")
-    p.add_argument("--job", help="only this job")
+    renamed(p, p.add_argument("--job-id", help="only this job"), "--job")
     _settings_args(p)
 
 
@@ -88,7 +91,7 @@ def load_log(args: argparse.Namespace) -> list[Event]:
 
 
 def _list(args: argparse.Namespace) -> int:
-    views = incident_views(load_log(args), settings_of(args), args.job)
+    views = incident_views(load_log(args), settings_of(args), args.job_id)
     for v in views:
         inc = v.incident
         tier = f" tier {inc.tier}" if inc.tier is not None else ""
@@ -104,7 +107,7 @@ def _list(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     events = load_log(args)  # a bad log or no broker: one line and exit 2, from cli.main
-    view = find(incident_views(events, settings_of(args), args.job), args.id)
+    view = find(incident_views(events, settings_of(args), args.job_id), args.id)
     text = render(build_timeline(view.incident, events), args.format)
     if args.out:
         args.out.write_text(text)
@@ -144,7 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"incidents: serving http://{args.http_addr}:{args.http_port}/", flush=True)
             feed = asyncio.create_task(webserver.follow_context(bus, context, stop))
         try:
-            stats = await serve(bus, settings=settings, group=args.group,
+            stats = await serve(bus, settings=settings, group=args.group_id,
                                 idle_flush_s=args.idle_flush_s, stop=stop, check=trust.check,
                                 live=live, observe=context.add if args.http_port else None)
         finally:

@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ks = p.add_subparsers(dest="keys_cmd", required=True)
     g = ks.add_parser("gen", help="write command.key/.pub (decide's) and actuator.key, "
                       "actuators.pub (an actuator's) into DIR; refuses to overwrite")
-    g.add_argument("dir", type=Path)
+    g.add_argument("dir", type=Path, help="directory to write the key files into")
     g.set_defaults(func=_gen)
 
 

@@ -42,6 +42,7 @@ from trainguard.cli.common import (
     describe_failure,
     one_line,
 )
+from trainguard.cli.flags import version
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 SUBCOMMANDS: tuple[Register, ...] = (
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trainguard",
         description="Fault-tolerance control loop for long distributed training jobs.",
     )
+    parser.add_argument("--version", action="version", version=f"trainguard {version()}",
+                        help="print the installed version and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--debug", action="store_true",
                         help=f"show the traceback of an unexpected error (also ${DEBUG_ENV}=1)")

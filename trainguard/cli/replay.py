@@ -1,4 +1,4 @@
-"""`trainguard replay [--from T] [--to T] [--rules FILE] [--log FILE]`: re-run the rules and the
+"""`trainguard replay [--since T] [--until T] [--rules FILE] [--log FILE]`: re-run the rules and the
 incident fold over the recorded log; `trainguard replay export`: the log as JSON lines."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 
 from trainguard.cli.common import input_file
+from trainguard.cli.flags import renamed
 from trainguard.cli.incident import load_log, settings_of
 from trainguard.events.envelope import Event
 from trainguard.incidents.source import write_log
@@ -19,7 +20,7 @@ from trainguard.replay.window import Window
 from trainguard.rules import load_default_rules, load_rules
 
 WHEN = "ISO time (2026-01-01T00:00:05Z), epoch microseconds, or an offset from the log's " \
-       "start or end: start+30s, end-5m (also +30s, and -5m written as --to=-5m)"
+       "start or end: start+30s, end-5m (also +30s, and -5m written as --until=-5m)"
 
 
 EPILOG = """\
@@ -49,8 +50,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                     "rules take binding epochs from the pool events they sign, as the live "
                     "worker does (default $TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else "
                     "$TRAINGUARD_ACTUATOR_PUBKEYS; none: no binding is believed)")
-    rp.add_argument("--join-window-ms", type=int, default=30_000, help=argparse.SUPPRESS)
-    rp.add_argument("--lateness-ms", type=int, default=15_000, help=argparse.SUPPRESS)
+    rp.add_argument("--join-window-ms", type=int, default=30_000,
+                    help="a verdict this soon after an incident opened joins it (default 30000)")
+    rp.add_argument("--lateness-ms", type=int, default=15_000,
+                    help="event-time lateness of the incident fold (default 15000)")
     rp.set_defaults(func=_replay)
     rp_sub = rp.add_subparsers(dest="replay_command", required=False, metavar="export")
     ex = rp_sub.add_parser("export", help="write the log (or a window of it) as JSON lines")
@@ -65,22 +68,24 @@ def _common(p: argparse.ArgumentParser, default: object = None) -> None:
     p.add_argument("--prefix", default=default, help="topic prefix")
     p.add_argument("--log", type=input_file, default=default,
                    help="an exported JSON-lines log instead of the topics")
-    p.add_argument("--from", dest="start", metavar="T", default=default, help=WHEN)
-    p.add_argument("--to", dest="end", metavar="T", default=default, help=WHEN)
-    p.add_argument("--job", default=default, help="only this job")
+    renamed(p, p.add_argument("--since", metavar="T", default=default,
+                              help="start of the window: " + WHEN), "--from")
+    renamed(p, p.add_argument("--until", metavar="T", default=default,
+                              help="end of the window: " + WHEN), "--to")
+    renamed(p, p.add_argument("--job-id", default=default, help="only this job"), "--job")
 
 
 def _window(args: argparse.Namespace, events: list[Event]) -> Window:
     if not events:
         return Window()
     times = [e.event_time for e in events]
-    return Window.parse(args.start, args.end, first=min(times), last=max(times))
+    return Window.parse(args.since, args.until, first=min(times), last=max(times))
 
 
 def _load(args: argparse.Namespace) -> tuple[list[Event], Window]:
     events = load_log(args)
-    if args.job:
-        events = [e for e in events if e.job_id == args.job]
+    if args.job_id:
+        events = [e for e in events if e.job_id == args.job_id]
     return events, _window(args, events)
 
 

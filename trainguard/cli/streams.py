@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from trainguard.cli.common import add_kafka_args, input_file, kafka_config
+from trainguard.cli.flags import renamed
 from trainguard.dev.paths import state_dir
 
 log = logging.getLogger(__name__)
@@ -21,21 +22,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--rules", type=input_file, help="rule file (default: the shipped rule set)")
     p.add_argument("--app-id", help="faust app id (default <prefix>-streams); workers with "
                    "the same id share the partitions")
-    p.add_argument("--datadir", type=Path, help="faust data dir (default $TRAINGUARD_STATE/"
-                   "streams-<app id>)")
-    p.add_argument("--web-port", type=int, help="faust's web server (default: off)")
-    p.add_argument("--web-addr", default=os.environ.get("TRAINGUARD_STREAMS_WEB_ADDR",
-                                                         "127.0.0.1"),
-                   help="address faust's web server listens on (default "
-                   "$TRAINGUARD_STREAMS_WEB_ADDR or 127.0.0.1: loopback only)")
+    renamed(p, p.add_argument("--data-dir", type=Path, help="faust data dir (default "
+                              "$TRAINGUARD_STATE/streams-<app id>)"), "--datadir")
+    renamed(p, p.add_argument("--http-port", type=int, help="port of faust's web server "
+                              "(default: off)"), "--web-port")
+    renamed(p, p.add_argument("--http-addr", default=os.environ.get(
+        "TRAINGUARD_STREAMS_WEB_ADDR", "127.0.0.1"), help="address faust's web server listens "
+        "on (default $TRAINGUARD_STREAMS_WEB_ADDR or 127.0.0.1: loopback only)"), "--web-addr")
     p.add_argument("--batch-size", type=int, default=1000, metavar="N",
                    help="most records evaluated per batch (default 1000); a smaller batch "
                    "lets a prompt verdict out sooner when telemetry floods the worker")
-    p.add_argument("--batch-within", type=float, default=0.05, metavar="S",
-                   help="longest wait to fill a batch of records (default 0.05 s)")
-    p.add_argument("--commit-interval", type=float, default=0.2, metavar="S",
-                   help="exactly-once commit period: verdicts are visible to read-committed "
-                   "consumers once committed (default 0.2 s)")
+    renamed(p, p.add_argument("--batch-within-s", type=float, default=0.05, metavar="S",
+                              help="longest wait to fill a batch of records (default 0.05 s)"),
+            "--batch-within")
+    renamed(p, p.add_argument("--commit-interval-s", type=float, default=0.2, metavar="S",
+                              help="exactly-once commit period: verdicts are visible to "
+                              "read-committed consumers once committed (default 0.2 s)"),
+            "--commit-interval")
     p.add_argument("--no-prompt", action="store_true",
                    help="decide process exits, must-drain XIDs and link downs only in "
                    "event-time order (after the lateness bound), not on arrival")
@@ -43,8 +46,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "rules take binding epochs from the pool events they sign (default "
                    "$TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else $TRAINGUARD_ACTUATOR_PUBKEYS; "
                    "none: no binding is believed, stale replicas' reports are evaluated)")
-    p.add_argument("--loglevel", default="warn", choices=["crit", "error", "warn", "info",
-                                                          "debug"])
+    renamed(p, p.add_argument("--log-level", default="warn",
+                              choices=["crit", "error", "warn", "info", "debug"],
+                              help="faust worker's log level (default warn)"), "--loglevel")
     p.set_defaults(func=_run)
 
 
@@ -94,11 +98,11 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     app = build_app(cfg, engine_factory(rules, prompt=not args.no_prompt),
                     partitions=partitions, app_id=app_id,
-                    datadir=args.datadir or state_dir() / f"streams-{app_id}",
-                    web_port=args.web_port, web_addr=args.web_addr,
+                    datadir=args.data_dir or state_dir() / f"streams-{app_id}",
+                    web_port=args.http_port, web_addr=args.http_addr,
                     batch_size=args.batch_size,
-                    batch_within_s=args.batch_within,
-                    commit_interval_s=args.commit_interval, check=check)
+                    batch_within_s=args.batch_within_s,
+                    commit_interval_s=args.commit_interval_s, check=check)
     log.warning("streams %s: %d partitions, rules %s", app_id, partitions, rules.version)
-    Worker(app, loglevel=args.loglevel, quiet=True).execute_from_commandline()
+    Worker(app, loglevel=args.log_level, quiet=True).execute_from_commandline()
     return 0

@@ -1,4 +1,4 @@
-"""Every dashboard, as the JSON files Grafana provisions (deploy/grafana/dashboards/)."""
+"""Every dashboard, as the JSON files Grafana provisions (the top-level dashboards/)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def build() -> Dashboard:
     g.add(timeseries("Consumer group lag (watched groups)",
                      [("sum by (group, topic) (trainguard_consumer_group_lag_records)",
                        "{{group}} {{topic}}")],
-                     description="Groups named with `trainguard metrics serve --watch-group`."))
+                     description="Groups named with `trainguard metrics serve --watch-group-id`."))
     g.add(timeseries("Dead letters by source topic and consumer",
                      [(f"sum by (source_topic, consumer) "
                        f"(increase(trainguard_dlq_records_total[{RATE}]))",

@@ -55,7 +55,7 @@ def run_demo(cfg: KafkaConfig, say: Say = print, seconds: float = 14.0) -> DemoR
         sock = Path(tmp) / "agent.sock"
         agent = subprocess.Popen(
             [sys.executable, "-m", "trainguard.cli.main", "agent", "--node", "demo-node",
-             "--bootstrap", cfg.bootstrap, "--prefix", cfg.topic_prefix, "--interval", "0.5",
+             "--bootstrap", cfg.bootstrap, "--prefix", cfg.topic_prefix, "--interval-s", "0.5",
              "--metrics-port", "0", "--gpu", "none", "--spool-dir", f"{tmp}/spool",
              "--socket", str(sock)])
         deadline = time.monotonic() + 30
@@ -64,7 +64,7 @@ def run_demo(cfg: KafkaConfig, say: Say = print, seconds: float = 14.0) -> DemoR
         say(f"[demo] agent {agent.pid} listening on {sock}")
         streams = subprocess.Popen(
             [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
-             cfg.bootstrap, "--prefix", cfg.topic_prefix, "--datadir", f"{tmp}/streams"],
+             cfg.bootstrap, "--prefix", cfg.topic_prefix, "--data-dir", f"{tmp}/streams"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         say(f"[demo] streams worker {streams.pid} applying the default rules")
         env = {**os.environ, "TRAINGUARD_AGENT_SOCKET": str(sock)}

@@ -313,13 +313,13 @@ def _settled(incidents: dict[str, IncidentState]) -> bool:
 def _present(stack: LocalStack, run_dir: Path, out: DemoOutcome, say: Say) -> None:
     say(f"[demo] {len(out.incidents)} incident(s) from the faults: "
         + ", ".join(f"{i[:12]} {s.value}" for i, s in out.incidents.items()))
-    say(_cli_text(stack, "incident", "list", "--job", JOB))
+    say(_cli_text(stack, "incident", "list", "--job-id", JOB))
     for incident_id in out.incidents:
         say(_cli_text(stack, "incident", "show", incident_id))
         html = run_dir / f"incident-{incident_id[:12]}.html"
         _cli_text(stack, "incident", "show", incident_id, "--format", "html", "--out", str(html))
         say(f"[demo] timeline page: {html}")
-    say(_cli_text(stack, "replay", "--job", JOB, *stack.trust_args()))
+    say(_cli_text(stack, "replay", "--job-id", JOB, *stack.trust_args()))
     say(f"[demo] chat receiver got {out.chat_messages} message(s) (an opening and an ending "
         "per incident, on each channel)")
     say(f"[demo] logs, checkpoints and pages under {run_dir}")

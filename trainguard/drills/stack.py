@@ -136,7 +136,7 @@ class LocalStack:
         return ["--actuator-pubkeys", str(self.keys / signing.ACTUATOR_PUBS)]
 
     def decide_key_args(self) -> list[str]:
-        return ["--key-file", str(self.keys / signing.COMMAND_KEY),
+        return ["--command-key", str(self.keys / signing.COMMAND_KEY),
                 "--actuator-pubkeys", str(self.keys / signing.ACTUATOR_PUBS)]
 
     def actuator_key_args(self) -> list[str]:
@@ -168,7 +168,7 @@ class LocalStack:
 
     def start_agent(self, interval_s: float = 0.5) -> Service:
         svc = self._start("agent", [*self.cli(
-            "agent", "--node", self.node, "--interval", str(interval_s), "--metrics-port", "0",
+            "agent", "--node", self.node, "--interval-s", str(interval_s), "--metrics-port", "0",
             "--gpu", "none", "--no-kernel-log", "--spool-dir", str(self.root / "spool"),
             "--socket", str(self.agent_socket))])
         deadline = time.monotonic() + 60
@@ -180,7 +180,7 @@ class LocalStack:
 
     def start_streams(self) -> Service:
         return self._start("streams", self.cli(
-            "streams", "--datadir", str(self.root / "streams"), *self.trust_args()))
+            "streams", "--data-dir", str(self.root / "streams"), *self.trust_args()))
 
     def start_decide(self, window_s: float = 3.0, settle_s: float = 1.5) -> Service:
         return self._start("decide", self.cli(

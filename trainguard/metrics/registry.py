@@ -2,7 +2,7 @@
 
 Labels and their bounds (see docs/observability.md):
 - ``type``: the registry's event types (13); ``topic``: topic roles (8), never full names;
-- ``group``: the consumer groups named with ``--watch-group``;
+- ``group``: the consumer groups named with ``--watch-group-id``;
 - ``kind``: rule kinds of the rule set; ``state``, ``severity``, ``action``, ``status``,
   ``tier``: the contract's enums;
 - ``job_id`` (not ``job``: Prometheus names the scrape job so) and ``rank``: live jobs and their

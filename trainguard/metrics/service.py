@@ -1,7 +1,7 @@
 """The pipeline-metrics service: every event topic read as one consumer group, on /metrics.
 
 It reads through ``Bus.raw_source`` (bus/protocol.py: Kafka in production, in memory in unit
-tests). Other groups' lag (``--watch-group``) needs the Kafka admin API: it is read only when
+tests). Other groups' lag (``--watch-group-id``) needs the Kafka admin API: it is read only when
 the source is a ``GroupLagSource`` (Kafka); on another bus those gauges stay unset.
 
 It only reads: records that fail validation are counted, not dead-lettered (their own consumers

@@ -1,4 +1,4 @@
-"""--from / --to: an ISO-8601 time, epoch microseconds, or an offset from the log's start or
+"""--since / --until: an ISO-8601 time, epoch microseconds, or an offset from the log's start or
 end: ``start+90s``, ``end-10m`` (bare ``+90s`` counts from the start, bare ``-10m`` from the
 end)."""
 
@@ -48,14 +48,14 @@ class Window:
 
     def __post_init__(self) -> None:
         if self.start is not None and self.end is not None and self.end < self.start:
-            raise WindowError(f"--to: before --from ({self.end} < {self.start})")
+            raise WindowError(f"--until: before --since ({self.end} < {self.start})")
 
     def contains(self, t: int) -> bool:
         return (self.start is None or t >= self.start) and (self.end is None or t <= self.end)
 
     @classmethod
     def parse(cls, start: str | None, end: str | None, *, first: int, last: int) -> Window:
-        return cls(None if start is None else parse_when(start, field="--from", first=first,
+        return cls(None if start is None else parse_when(start, field="--since", first=first,
                                                          last=last),
-                   None if end is None else parse_when(end, field="--to", first=first,
+                   None if end is None else parse_when(end, field="--until", first=first,
                                                        last=last))

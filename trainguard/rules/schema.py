@@ -22,13 +22,16 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from trainguard.configfile import ConfigFileError, finite_in, parse_yaml, read_text, show
 from trainguard.events.payloads import Severity
 from trainguard.rules.params import KINDS, LIMIT, NUM, PARAMS
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 _ID = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 _RULE_KEYS = {"id", "kind", "enabled", "severity", "parameters", "description"}
@@ -220,6 +223,23 @@ def load_rules(path: str | Path) -> RuleSet:
     return parse_rules(text, p.name)
 
 
+DEFAULT_RULES = "default.yaml"
+
+
+def default_rules_file() -> Traversable:
+    """The shipped default rule set: in an installed wheel ``trainguard/rules/sets/`` (copied
+    from the top-level ``rules/`` by setup.py's build step); in a source checkout or an
+    editable install, ``rules/`` itself."""
+    packaged = resources.files("trainguard.rules").joinpath("sets", DEFAULT_RULES)
+    if packaged.is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parents[2] / "rules" / DEFAULT_RULES
+    if checkout.is_file():
+        return checkout
+    raise RuleError([f"{DEFAULT_RULES}: the default rule set is missing (looked in "
+                     f"{packaged} and {checkout})"])
+
+
 def load_default_rules() -> RuleSet:
-    text = resources.files("trainguard.rules").joinpath("default.yaml").read_text("utf-8")
-    return parse_rules(text, "default.yaml")
+    text = default_rules_file().read_text("utf-8")
+    return parse_rules(text, DEFAULT_RULES)

@@ -33,6 +33,7 @@ class OtlpReceiver:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._spans: list[ReceivedSpan] = []
+        self._headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._server = BackgroundHTTPServer(self._handler(), host, port, name="otlp-rx")
 
@@ -43,6 +44,11 @@ class OtlpReceiver:
     def spans(self) -> list[ReceivedSpan]:
         with self._lock:
             return list(self._spans)
+
+    def headers(self) -> list[dict[str, str]]:
+        """Each export request's HTTP headers (names lower-cased), in arrival order."""
+        with self._lock:
+            return [dict(h) for h in self._headers]
 
     def __enter__(self) -> OtlpReceiver:
         self._server.start()
@@ -80,6 +86,8 @@ class OtlpReceiver:
                 if self.path != "/v1/traces":
                     self.send_error(404)
                     return
+                with receiver._lock:
+                    receiver._headers.append({k.lower(): v for k, v in self.headers.items()})
                 receiver._record(body)
                 out = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
