@@ -223,7 +223,9 @@ def _converter(model: type[BaseModel], nested: list[tuple[str, Convert]]) -> Con
     decoder: one C ``asdict``, the nested models, four slot writes."""
     asdict = msgspec.structs.asdict
     new = model.__new__
-    names = frozenset(model.model_fields)
+    # One set shared by every instance: frozen models never change it, and pydantic's
+    # model_copy copies it before an update.
+    names = set(model.model_fields)
     set_dict, set_fields, set_extra, set_private = (
         _SET_DICT, _SET_FIELDS_SET, _SET_EXTRA, _SET_PRIVATE)
 
@@ -233,7 +235,7 @@ def _converter(model: type[BaseModel], nested: list[tuple[str, Convert]]) -> Con
             values[name] = conv(values[name])
         inst = new(model)
         set_dict(inst, "__dict__", values)
-        set_fields(inst, set(names))
+        set_fields(inst, names)
         set_extra(inst, None)
         set_private(inst, None)
         return inst
@@ -241,7 +243,7 @@ def _converter(model: type[BaseModel], nested: list[tuple[str, Convert]]) -> Con
     def convert_flat(s: Any) -> Any:
         inst = new(model)
         set_dict(inst, "__dict__", asdict(s))
-        set_fields(inst, set(names))
+        set_fields(inst, names)
         set_extra(inst, None)
         set_private(inst, None)
         return inst
