@@ -144,6 +144,11 @@ def decode_obj(doc: dict[str, Any]) -> Event:
     return event
 
 
+def check_subject(event: Event) -> None:
+    """The subject fields the event's type requires are there (``ContractError`` if not)."""
+    _check_subject(event, BY_NAME[event.type])
+
+
 def _check_subject(event: Event, spec: EventType) -> None:
     missing = [f for f in spec.requires_subject if getattr(event.subject, f) is None]
     if missing:
