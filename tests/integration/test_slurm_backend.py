@@ -230,6 +230,10 @@ def test_a_signed_migrate_moves_the_lost_nodes_rank_to_the_spare(cluster: SlurmC
         assert epochs == {2}  # every rank resumed at the new binding epoch
         old = be.step_of(job, 1, 1)
         assert old is not None and be.gone(old.step_id, timeout_s=0)
+        lost = {n.name: n for n in cli.nodes()}["tgn2"]
+        assert lost.health is not NodeHealth.USABLE  # drained (then DOWN: it could not confirm)
+        assert lost.reason.startswith("trainguard cmd-node-loss verdicts v-node-tgn2"), lost
+        print(f"tgn2 after the migrate: {lost.state} {lost.flags} reason {lost.reason!r}")
         print(f"signed migrate after node loss: done in {took:.1f} s")
     finally:
         for r in be.live(job):

@@ -43,7 +43,7 @@ from trainguard.actuators.slurm_steps import (
     step_name,
     step_record_of,
 )
-from trainguard.actuators.slurm_view import SlurmPool, pool
+from trainguard.actuators.slurm_view import SlurmNode, SlurmPool, pool
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ class SlurmBackend:
             return "already gone"
         node = next((n for n in cli.nodes() if n.name == rec.unit), None)
         if fence_start(node) == "down_first":
-            cli.set_down(rec.unit, f"trainguard: fencing {rec.step_id} (node lost)")
+            cli.set_down(rec.unit, _keep(node, f"fencing {rec.step_id} (node lost)"))
             try:
                 cli.cancel_step(rec.step_id, "KILL")
             except SlurmCliError as exc:
@@ -184,7 +184,7 @@ class SlurmBackend:
         if self.gone(rec.step_id, timeout_s=1):  # it ended while scancel was refused
             return "cancelled, confirmed gone"
         # its node cannot confirm: Slurm gives up on it once it is DOWN
-        cli.set_down(rec.unit, f"trainguard: step {rec.step_id} cancel unconfirmed")
+        cli.set_down(rec.unit, _keep(node, f"step {rec.step_id} cancel unconfirmed"))
         try:
             cli.cancel_step(rec.step_id, "KILL")
         except SlurmCliError as exc:
@@ -196,6 +196,13 @@ class SlurmBackend:
     def drain(self, node: str, reason: str) -> None:
         """No new work on ``node``: Slurm keeps the reason (the incident id)."""
         self.cli.drain(node, reason)
+
+    def quarantine(self, job: JobSpec, unit: str, reason: str) -> str:
+        try:
+            self.cli.drain(unit, reason)
+        except SlurmCliError as exc:
+            raise OSError(str(exc)) from None
+        return f"node {unit} drained in Slurm: {reason}"
 
     def stop_stale(self, job: JobSpec, rank: int, epoch: int, pid: int | None) -> StaleAction:
         rec = self.step_of(job, rank, epoch)
@@ -240,6 +247,13 @@ class SlurmBackend:
             msg = (done.stderr or done.stdout).strip().splitlines()
             return f"{job.ckpt_dir} from {unit.name}: {msg[-1] if msg else done.returncode}"
         return None
+
+
+def _keep(node: SlurmNode | None, what: str) -> str:
+    """A DOWN reason that keeps the drain's (the incident's) when trainguard set it."""
+    if node is not None and node.reason.startswith("trainguard"):
+        return f"{node.reason}; {what}"
+    return f"trainguard: {what}"
 
 
 def _end(proc: subprocess.Popen[bytes]) -> None:
