@@ -7,7 +7,7 @@ designed in docs/actuators.md (the calls they would make), not implemented.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 
@@ -76,3 +76,12 @@ class Backend(Protocol):
     def unreachable(self, job: JobSpec, unit: UnitSpec) -> str | None:
         """Why ``unit`` cannot reach the job's checkpoint storage, or None when it can."""
         ...
+
+
+@runtime_checkable
+class Quarantines(Protocol):
+    """A backend whose scheduler can be told to stop placing work on a unit (Slurm: drain the
+    node, the reason shown in sinfo). The executor calls it for the units a migrate
+    quarantines, before fencing them; a failure is logged, fencing goes on."""
+
+    def quarantine(self, job: JobSpec, unit: str, reason: str) -> str: ...

@@ -35,6 +35,7 @@ actuator SIGKILLs itself, for the crash tests.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import time
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from trainguard.actuators import cgroups
-from trainguard.actuators.backend import Backend, Replica
+from trainguard.actuators.backend import Backend, Quarantines, Replica
 from trainguard.actuators.fencing import FenceError, is_stale
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
 from trainguard.actuators.journal import Intent, Journal, Phase, in_flight, phase_record
@@ -85,6 +86,7 @@ from trainguard.events.payloads import (
 
 Emit = Callable[[Event], None]
 SOURCE = "trainguard-actuator"
+log = logging.getLogger(__name__)
 FAULT_ENV = "TRAINGUARD_TEST_CRASH_AT"
 # where a command can be cut short: after its intent, after its first fenced replica, after
 # the fence, after its first launched rank, after the launch (before ``done``); named
@@ -429,6 +431,7 @@ class Executor:
         self.journal.append(intent.to_record())  # write-ahead: nothing fenced yet
         self._fault("intent")
         t0 = time.monotonic()
+        self._quarantine(quarantine, cmd)
         try:
             released, fence_ms = self.fence_all(cmd.command_id, f"{cmd.action.value}: replica "
                                                 "replaced", quarantine)
@@ -447,6 +450,19 @@ class Executor:
         return Result(OutcomeStatus.DONE, f"{cmd.action.value}:{moved} {len(placement)} ranks "
                       f"fenced and relaunched at epoch {epoch}, resuming from the last valid "
                       "checkpoint", RestartData.model_validate({"action": cmd.action, **data}))
+
+    def _quarantine(self, units: Iterable[str], cmd: Command) -> None:
+        """Tell the scheduler (a backend that has one) to place nothing on ``units``."""
+        if not isinstance(self.backend, Quarantines):
+            return
+        causes = ",".join(cmd.cause_verdict_ids) or "-"
+        for unit in units:
+            try:
+                what = self.backend.quarantine(self.job, unit, f"trainguard {cmd.command_id} "
+                                               f"verdicts {causes}")
+                log.info("quarantined %s: %s", unit, what)
+            except OSError as exc:
+                log.warning("could not quarantine %s: %s", unit, exc)
 
     def _unreachable(self, units: Iterable[Unit]) -> dict[str, str]:
         """Unit name -> why it cannot reach the job's storage, for those of ``units`` that

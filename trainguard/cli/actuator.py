@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="do not put units in CPU cgroups (tier 1 then fails, saying why)")
     p.add_argument("--metrics-port", type=int, default=0, help="port for /metrics (0: none)")
     p.add_argument("--metrics-addr", default="127.0.0.1", help="address for /metrics")
+    p.add_argument("--backend", choices=("local", "slurm"), default="local",
+                   help="where ranks run: local processes, or steps of a Slurm allocation "
+                   "(units = its nodes; Slurm through its CLIs, SLURM_CONF from the environment)")
+    p.add_argument("--slurm-job", type=int, default=None,
+                   help="with --backend slurm: the allocation's Slurm job id (sbatch/salloc "
+                   "--no-kill over the job's nodes and its spares)")
     p.add_argument("--teardown", action="store_true",
                    help="instead of serving: fence every replica of the job (bound on the "
                    "log, or alive in the replica journal) and stop its warm launcher, then exit")
@@ -49,9 +55,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from trainguard.actuators import metrics, signing
+    from trainguard.actuators.backend import Backend
     from trainguard.actuators.jobspec import JobSpecError, load_job_spec
     from trainguard.actuators.local import LocalBackend
     from trainguard.actuators.service import Actuator, ActuatorOptions
+    from trainguard.actuators.slurm import SlurmBackend
+    from trainguard.actuators.slurm_cli import SlurmCli
     from trainguard.bus.kafka import KafkaBus
 
     try:
@@ -65,7 +74,14 @@ def _run(args: argparse.Namespace) -> int:
         raise SystemExit(f"trainguard actuator: {exc}") from None
     cfg = kafka_config(args, client_id=f"trainguard-actuator-{job.job_id}")
     sdir = args.state_dir or state_dir() / f"actuator-{job.job_id}"
-    backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
+    backend: Backend
+    if args.backend == "slurm":
+        if args.slurm_job is None or args.slurm_job <= 0:
+            raise SystemExit("trainguard actuator: --backend slurm needs --slurm-job "
+                             f"(a positive Slurm job id; got {args.slurm_job})")
+        backend = SlurmBackend(SlurmCli(), args.slurm_job, sdir / "logs")
+    else:
+        backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
     actuator = Actuator(KafkaBus(cfg), ActuatorOptions(job=job, key=key, signer=signer,
                                              trusted=trusted, state_dir=sdir,
                                              launch=args.launch, max_age_s=args.max_age_s),

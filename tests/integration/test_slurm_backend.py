@@ -1,0 +1,241 @@
+"""The ``slurm`` actuator backend on the real dev cluster: replicas are job steps of one
+allocation (2 nodes + 1 spare, ``--no-kill``), launched with srun, proven live by the journal
+joined with ``scontrol show step``, fenced by step id and epoch. A node lost as nodes go (link
+down, every process of its namespace killed): its step is fenced (its node set DOWN since it
+cannot confirm a cancel), the node drained with the incident as reason, the rank relaunched on
+the spare at a new epoch; a stale report of the old epoch finds its step gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from trainguard.actuators.jobspec import JobSpec, UnitSpec
+from trainguard.actuators.slurm import SlurmBackend
+from trainguard.actuators.slurm_cli import SlurmCli
+from trainguard.actuators.slurm_view import NodeHealth, SlurmJob
+from trainguard.dev.slurm import NETNS_PREFIX, ClusterSpec, SlurmCluster
+
+pytestmark = pytest.mark.integration
+
+SPEC = ClusterSpec(nodes=2, spares=1)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start(SPEC, timeout_s=60)
+    except Exception as exc:
+        c.stop()
+        pytest.fail(f"the dev Slurm cluster could not start: {exc}", pytrace=False)
+    try:
+        yield c
+    finally:
+        subprocess.run(["ip", "link", "set", "tgsv2", "up"], check=False)
+        c.stop()
+
+
+def job_none() -> SlurmJob:
+    return SlurmJob(0, "", "", ())
+
+
+def lose_node(name: str, veth: str) -> None:
+    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+    pids = subprocess.run(["ip", "netns", "pids", NETNS_PREFIX + name], capture_output=True,
+                          text=True, check=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_node_loss_fenced_by_step_and_rebound_on_the_spare(cluster: SlurmCluster,
+                                                          tmp_path: Path) -> None:
+    info = cluster.info()
+    assert info is not None
+    env = cluster.client_env()
+    cli = SlurmCli(env)
+    done = subprocess.run(["sbatch", "--parsable", "--no-kill", "-N3", "-w", "tgn1,tgn2,tgn3",
+                           "-o", "/dev/null", "--wrap", "sleep 600"], env=env,
+                          capture_output=True, text=True, check=True)
+    alloc = int(done.stdout.strip().split(";")[0])
+    deadline = time.monotonic() + 30
+    while (j := cli.job(alloc)) is None or j.state != "RUNNING":
+        assert time.monotonic() < deadline, j
+        time.sleep(0.2)
+    try:
+        shared = Path(info.shared_dir)
+        job = JobSpec(job_id="sj", world_size=2,
+                      command=("sh", "-c", f'echo "$SLURMD_NODENAME $TRAINGUARD_RANK '
+                               f'$TRAINGUARD_BINDING_EPOCH" > {shared}/r{{rank}}-e{{epoch}}; '
+                               "exec sleep 300"),
+                      units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
+                             UnitSpec("tgn3", ())),
+                      ckpt_dir=shared, grace_s=1.0)
+        be = SlurmBackend(cli, alloc, tmp_path)
+        assert [n.name for n in be.pool().allocation] == ["tgn1", "tgn2", "tgn3"]
+        r0 = be.launch(job, job.unit("tgn1"), 0, 1, 0)
+        r1 = be.launch(job, job.unit("tgn2"), 1, 1, 0)
+        assert {(r.rank, r.unit, r.epoch) for r in be.live(job)} == {(0, "tgn1", 1),
+                                                                      (1, "tgn2", 1)}
+        assert be.epoch(job) == 1
+        deadline = time.monotonic() + 30
+        while not (shared / "r1-e1").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert (shared / "r1-e1").read_text().split() == ["tgn2", "1", "1"]
+        assert be.unreachable(job, job.unit("tgn3")) is None
+
+        lose_node("tgn2", "tgsv2")
+        t0 = time.monotonic()
+        rel = be.fence(job, r1)
+        fence_s = time.monotonic() - t0
+        old = be.step_of(job, 1, 1)
+        assert old is not None
+        assert be.gone(old.step_id, timeout_s=0)  # the old step gone (or given up by Slurm)
+        assert old.step_id not in {(s.step_id) for s in cli.steps()} or \
+            "tgn2" not in (cli.job(alloc) or job_none()).nodes
+        assert "confirmed gone" in rel.items[0], rel
+        be.drain("tgn2", "trainguard incident inc-42 (node lost)")
+        nodes = {n.name: n for n in cli.nodes()}
+        assert nodes["tgn2"].health is not NodeHealth.USABLE
+        assert nodes["tgn2"].reason == "trainguard incident inc-42 (node lost)"
+        # Slurm removed the lost node from the allocation (--no-kill: the job goes on)
+        assert [n.name for n in be.pool().allocation] == ["tgn1", "tgn3"]
+
+        r1b = be.launch(job, job.unit("tgn3"), 1, 2, 0)
+        live = {(r.rank, r.unit, r.epoch) for r in be.live(job)}
+        assert live == {(0, "tgn1", 1), (1, "tgn3", 2)}  # no duplicate replica of rank 1
+        assert be.stop_stale(job, 1, 1, None) == "already_gone"
+        assert be.stop_stale(job, 1, 7, None) == "discarded"  # never started: not touched
+        deadline = time.monotonic() + 30
+        while not (shared / "r1-e2").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert (shared / "r1-e2").read_text().split() == ["tgn3", "1", "2"]
+        for r in (r0, r1b):
+            assert be.fence(job, r).how in ("sigterm", "sigkill")
+        assert be.live(job) == []
+        print(f"fence of the lost node's step: {fence_s:.1f} s")
+    finally:
+        subprocess.run(["scancel", str(alloc)], env=env, check=False)
+
+
+def test_a_signed_migrate_moves_the_lost_nodes_rank_to_the_spare(cluster: SlurmCluster,
+                                                                tmp_path: Path) -> None:
+    """The actuator service (in-memory bus) with the Slurm backend: it launches the job as
+    steps, a node is lost, decide's signed tier-2 MIGRATE of its rank is carried out: the old
+    steps fenced by step id, every rank relaunched at a new epoch, the lost rank on the spare."""
+    import asyncio
+
+    from tests import keys
+    from trainguard.actuators import signing
+    from trainguard.actuators.service import Actuator, ActuatorOptions
+    from trainguard.bus.memory import MemoryBus
+    from trainguard.events.clock import now_us
+    from trainguard.events.codec import make_event
+    from trainguard.events.envelope import Subject
+    from trainguard.events.payloads import (
+        Command,
+        CommandAction,
+        CommandOutcome,
+        MigrateParams,
+        OutcomeStatus,
+    )
+    from trainguard.events.topics import TopicRole
+
+    if cluster.running() is None:
+        cluster.start(SPEC, timeout_s=60)
+    env = cluster.client_env()
+    cli = SlurmCli(env)
+    for name in ("tgn1", "tgn2", "tgn3"):  # an earlier test's drain/down undone
+        subprocess.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], env=env,
+                       capture_output=True, check=False)
+    subprocess.run(["ip", "link", "set", "tgsv2", "up"], check=False)
+    if cluster.node_states().get("tgn2", "").startswith(("down", "idle*")):
+        cluster.start_node("tgn2")
+    cluster.wait_nodes(["tgn1", "tgn2", "tgn3"], {"idle"}, timeout_s=60)
+    done = subprocess.run(["sbatch", "--parsable", "--no-kill", "-N3", "-w", "tgn1,tgn2,tgn3",
+                           "-o", "/dev/null", "--wrap", "sleep 600"], env=env,
+                          capture_output=True, text=True, check=True)
+    alloc = int(done.stdout.strip().split(";")[0])
+    deadline = time.monotonic() + 30
+    while (j := cli.job(alloc)) is None or j.state != "RUNNING":
+        assert time.monotonic() < deadline, j
+        time.sleep(0.2)
+    info = cluster.info()
+    assert info is not None
+    job = JobSpec(job_id="sj2", world_size=2, command=("sleep", "300"),
+                  units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
+                         UnitSpec("tgn3", ())),
+                  ckpt_dir=Path(info.shared_dir), grace_s=1.0, log_dir=tmp_path / "logs")
+    be = SlurmBackend(cli, alloc, tmp_path)
+    bus = MemoryBus()
+    opts = ActuatorOptions(job=job, key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True)
+
+    def outcomes() -> list[CommandOutcome]:
+        return [e.payload for e in bus.events(TopicRole.OUTCOMES)
+                if isinstance(e.payload, CommandOutcome)]
+
+    async def go() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(Actuator(bus, opts, be).run(stop))
+        loop = asyncio.get_running_loop()
+        try:
+            deadline = loop.time() + 60
+            while len(await asyncio.to_thread(be.live, job)) < 2:
+                assert loop.time() < deadline and not task.done()
+                await asyncio.sleep(0.3)
+            await asyncio.to_thread(lose_node, "tgn2", "tgsv2")
+            t0 = loop.time()
+            cmd = Command(command_id="cmd-node-loss", idempotency_key="k-node-loss",
+                          action=CommandAction.MIGRATE, tier=2, issued_at=now_us(),
+                          issued_by="trainguard-decide", cause_verdict_ids=["v-node-tgn2"],
+                          params=MigrateParams(rank=1, ranks=[1], from_unit="tgn2",
+                                               from_units=["tgn2"], reason="node lost"))
+            subject = Subject(rank=1)
+            cmd = signing.sign(keys.COMMAND, job.job_id, subject, cmd)
+            prod = bus.producer()
+            await prod.start()
+            await prod.send(make_event(cmd, event_id="ev-node-loss", job_id=job.job_id,
+                                       event_time=cmd.issued_at, source="test",
+                                       subject=subject))
+            await prod.stop()
+            while not any(o.status in (OutcomeStatus.DONE, OutcomeStatus.FAILED)
+                          for o in outcomes()):
+                assert loop.time() < t0 + 90 and not task.done()
+                await asyncio.sleep(0.2)
+            return loop.time() - t0
+        finally:
+            stop.set()
+            await task
+
+    try:
+        took = asyncio.run(asyncio.wait_for(go(), 240))
+        final = [o for o in outcomes() if o.status is not OutcomeStatus.ACCEPTED]
+        assert [o.status for o in final] == [OutcomeStatus.DONE], final
+        live = {(r.rank, r.unit) for r in be.live(job)}
+        assert live == {(0, "tgn1"), (1, "tgn3")}
+        epochs = {r.epoch for r in be.live(job)}
+        assert epochs == {2}  # every rank resumed at the new binding epoch
+        old = be.step_of(job, 1, 1)
+        assert old is not None and be.gone(old.step_id, timeout_s=0)
+        lost = {n.name: n for n in cli.nodes()}["tgn2"]
+        assert lost.health is not NodeHealth.USABLE  # drained (then DOWN: it could not confirm)
+        assert lost.reason.startswith("trainguard cmd-node-loss verdicts v-node-tgn2"), lost
+        print(f"tgn2 after the migrate: {lost.state} {lost.flags} reason {lost.reason!r}")
+        print(f"signed migrate after node loss: done in {took:.1f} s")
+    finally:
+        for r in be.live(job):
+            be.fence(job, r)
+        subprocess.run(["scancel", str(alloc)], env=env, check=False)

@@ -1,0 +1,113 @@
+"""The Slurm backend's pure part: step names, journal records, what is proven live, when
+Slurm has given a step up, how fencing starts, the pool joined with the agents."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainguard.actuators.slurm_steps import (
+    StepRecord,
+    fence_start,
+    find_step,
+    join_pool,
+    latest,
+    parse_step_name,
+    proven_live,
+    released,
+    step_name,
+    step_record_of,
+)
+from trainguard.actuators.slurm_view import (
+    NodeHealth,
+    SlurmJob,
+    SlurmNode,
+    parse_scontrol_steps,
+    pool,
+)
+
+pytestmark = pytest.mark.unit
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+JOB_IDS = st.from_regex(r"[a-z][a-z0-9.\-]{0,20}", fullmatch=True)
+
+
+def node(name: str, state: str = "mixed", flags: tuple[str, ...] = (),
+         features: tuple[str, ...] = ()) -> SlurmNode:
+    return SlurmNode(name, "10.252.0.1", state, flags, "", features)
+
+
+@given(JOB_IDS, st.integers(0, 1 << 20), st.integers(0, 1 << 30))
+def test_step_names_round_trip(job: str, rank: int, epoch: int) -> None:
+    assert parse_step_name(step_name(job, rank, epoch)) == (job, rank, epoch)
+
+
+@given(st.text(max_size=40))
+def test_other_names_are_not_ours(text: str) -> None:
+    got = parse_step_name(text)
+    assert got is None or step_name(*got) == text
+
+
+@given(JOB_IDS, st.integers(0, 999), st.integers(0, 999), st.text(max_size=8))
+def test_records_round_trip_and_reject_mismatched_names(job: str, rank: int, epoch: int,
+                                                       step: str) -> None:
+    rec = StepRecord(job, rank, epoch, "tgn1", 7, step_name(job, rank, epoch), 123, step)
+    assert step_record_of(rec.to_record()) == rec
+    forged = {**rec.to_record(), "epoch": epoch + 1}  # the name no longer says this epoch
+    assert step_record_of(forged) is None
+    assert step_record_of({**rec.to_record(), "rank": True}) is None
+    assert step_record_of({"kind": "replica"}) is None
+
+
+def test_the_record_with_a_step_id_wins() -> None:
+    a = StepRecord("j", 1, 2, "tgn2", 1, "tg.j.r1.e2", 0)
+    b = StepRecord("j", 1, 2, "tgn2", 1, "tg.j.r1.e2", 55, "1.0")
+    assert latest([a, b], "j")[(1, 2)] == b
+    assert latest([b, a], "j")[(1, 2)] == b
+    assert latest([a, b], "other") == {}
+
+
+STEPS = parse_scontrol_steps((FIX / "scontrol_steps_lost_node.txt").read_text())
+NODES = [node("tgn1"), node("tgn2", "down", ("DRAIN",)), node("tgn3", features=("spare",))]
+RECS = {(1, 1): StepRecord("sj", 1, 1, "tgn2", 1, "tg.sj.r1.e1", 9, "1.0"),
+        (1, 2): StepRecord("sj", 1, 2, "tgn3", 1, "tg.sj.r1.e2", 10, "1.1")}
+
+
+def test_a_lost_nodes_step_is_given_up_once_its_node_is_down_and_out_of_the_job() -> None:
+    """Captured: 22.05 lists the lost node's step RUNNING after removing the node."""
+    old = find_step(STEPS, 1, "tg.sj.r1.e1")
+    assert old is not None and old.state == "RUNNING" and old.nodes == ("tgn2",)
+    assert released(old, ("tgn1", "tgn3"), NODES)
+    assert not released(old, ("tgn1", "tgn2", "tgn3"), NODES)  # still in the job
+    assert not released(old, ("tgn1", "tgn3"), [node("tgn2")])  # its node not DOWN
+    assert released(None, (), ())
+    # only the relaunch on the spare is proven live: no duplicate replica of rank 1
+    assert [r.epoch for r in proven_live(RECS, STEPS, ("tgn1", "tgn3"), NODES)] == [2]
+    assert [r.epoch for r in proven_live(RECS, STEPS)] == [1, 2]  # without the job's view
+
+
+def test_a_step_listed_under_another_name_is_not_proven() -> None:
+    recs = {(1, 2): StepRecord("sj", 1, 2, "tgn3", 1, "tg.sj.r1.e2", 10, "1.0")}
+    assert proven_live(recs, STEPS) == []  # 1.0 is named tg.sj.r1.e1 in Slurm
+
+
+def test_fencing_a_lost_node_starts_by_setting_it_down() -> None:
+    assert fence_start(node("tgn2", "idle", ("NOT_RESPONDING",))) == "down_first"
+    assert fence_start(node("tgn2", "down")) == "down_first"
+    assert fence_start(None) == "down_first"
+    assert fence_start(node("tgn2", "mixed")) == "cancel"
+    assert fence_start(node("tgn2", "mixed", ("DRAIN",))) == "cancel"
+
+
+def test_the_pool_joins_slurm_with_the_agents() -> None:
+    view = pool(NODES, SlurmJob(1, "tg", "RUNNING", ("tgn1", "tgn2")))
+    joined = {p.name: p for p in join_pool(view, heard={"tgn1", "tgn3"})}
+    assert {n: p.role for n, p in joined.items()} == {"tgn1": "allocated", "tgn2": "allocated",
+                                                     "tgn3": "spare"}
+    assert [n for n, p in joined.items() if p.placeable] == ["tgn1", "tgn3"]
+    assert joined["tgn2"].health is NodeHealth.DOWN
+    silent = {p.name: p.placeable for p in join_pool(view, heard={"tgn1"})}
+    assert silent == {"tgn1": True, "tgn2": False, "tgn3": False}  # Slurm-usable, agent silent
+    assert all(p.agent for p in join_pool(view, heard=None))

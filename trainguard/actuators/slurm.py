@@ -1,0 +1,269 @@
+"""The ``slurm`` backend: replicas as job steps of one Slurm allocation, through Slurm's CLIs.
+
+A unit is a Slurm node of the allocation (its spares included: the allocation is made with
+``--no-kill`` over the job's nodes and its spares, so losing one node does not end it). A
+replica is one step, ``srun --jobid=<alloc> -N1 -n1 -w <node> --overlap
+--job-name=tg.<job>.r<rank>.e<epoch>``: on the node it runs inside the node's namespace (its
+slurmd runs there), with ``TRAINGUARD_*`` in its environment. Slurm is read and driven only
+through ``slurm_cli`` (sinfo, squeue, scontrol, scancel, srun), never its state files.
+
+Proof and fencing (``slurm_steps``): the step is journalled before ``srun`` runs and again with
+the step id Slurm lists; ``live`` is the journalled steps Slurm lists alive under that id and
+name; ``fence`` cancels exactly the recorded step id (SIGTERM, SIGKILL after the job's grace)
+and confirms it gone in ``scontrol show step``. A node Slurm already sees lost, or one whose
+cancel cannot be confirmed within the grace, is set DOWN (reason: the command) first, then the
+step is confirmed gone; when even that fails, ``FenceError``: nothing is bound in its place.
+
+Tier 1 has no per-step CPU quota on Slurm (``set_quota`` says so); a save request is
+``scancel --signal=USR1`` to the step; storage reach is probed by a step on the node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from trainguard.actuators.backend import Released, Replica, StaleAction
+from trainguard.actuators.cgroups import CgroupError
+from trainguard.actuators.fencing import FenceError
+from trainguard.actuators.jobspec import JobSpec, UnitSpec
+from trainguard.actuators.journal import Journal
+from trainguard.actuators.local import SECRET_ENV
+from trainguard.actuators.slurm_cli import SlurmCli, SlurmCliError
+from trainguard.actuators.slurm_steps import (
+    StepRecord,
+    fence_start,
+    find_step,
+    latest,
+    proven_live,
+    released,
+    step_name,
+    step_record_of,
+)
+from trainguard.actuators.slurm_view import SlurmNode, SlurmPool, pool
+
+log = logging.getLogger(__name__)
+
+
+class SlurmBackend:
+    def __init__(self, cli: SlurmCli, alloc: int, log_dir: Path, *,
+                 journal: Path | None = None, start_timeout_s: float = 30.0) -> None:
+        self.cli = cli
+        self.alloc = alloc
+        self.log_dir = log_dir
+        self.journal = Journal(journal or log_dir / "slurm-steps.journal")
+        self.start_timeout_s = start_timeout_s
+        self._sruns: dict[int, subprocess.Popen[bytes]] = {}
+
+    # --- what the journal and Slurm prove -----------------------------------------------
+
+    def records(self, job: JobSpec) -> dict[tuple[int, int], StepRecord]:
+        recs = (step_record_of(r) for r in self.journal.read())
+        return latest((r for r in recs if r is not None and r.alloc == self.alloc), job.job_id)
+
+    def pool(self) -> SlurmPool:
+        """The allocation and its spares, from ``squeue --json`` and ``sinfo --json``."""
+        job = self.cli.job(self.alloc)
+        if job is None:
+            raise OSError(f"Slurm lists no job {self.alloc} (the allocation is gone)")
+        return pool(self.cli.nodes(), job)
+
+    def live(self, job: JobSpec) -> list[Replica]:
+        try:
+            steps, nodes = self.cli.steps(), self.cli.nodes()
+            alloc = self.cli.job(self.alloc)
+        except SlurmCliError as exc:
+            raise OSError(str(exc)) from None
+        return [Replica(r.rank, r.unit, r.epoch, r.srun_pid)
+                for r in proven_live(self.records(job), steps,
+                                     alloc.nodes if alloc is not None else (), nodes)]
+
+    def gone(self, step_id: str, timeout_s: float, poll_s: float = 0.2) -> bool:
+        """True once Slurm no longer lists the step, or has given it up (``released``)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            step = next((s for s in self.cli.steps() if s.step_id == step_id), None)
+            if step is None:
+                return True
+            alloc = self.cli.job(self.alloc)
+            if released(step, alloc.nodes if alloc is not None else (), self.cli.nodes()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+
+    def epoch(self, job: JobSpec, rank: int | None = None) -> int:
+        return max((e for (r, e) in self.records(job) if rank is None or r == rank), default=0)
+
+    def step_of(self, job: JobSpec, rank: int, epoch: int) -> StepRecord | None:
+        return self.records(job).get((rank, epoch))
+
+    # --- acting --------------------------------------------------------------------------
+
+    def launch(self, job: JobSpec, unit: UnitSpec, rank: int, epoch: int, port: int,
+               command_id: str | None = None) -> Replica:
+        name = step_name(job.job_id, rank, epoch)
+        argv = job.argv(rank, epoch, port, unit.name)
+        env = {k: v for k, v in self.cli.env.items() if not k.startswith(SECRET_ENV)}
+        env.update({**job.env, "TRAINGUARD_JOB_ID": job.job_id, "TRAINGUARD_RANK": str(rank),
+                    "TRAINGUARD_WORLD_SIZE": str(job.world_size),
+                    "TRAINGUARD_BINDING_EPOCH": str(epoch), "TRAINGUARD_UNIT": unit.name})
+        srun = ["srun", f"--jobid={self.alloc}", "-N1", "-n1", f"--nodelist={unit.name}",
+                "--overlap", f"--job-name={name}", "--export=ALL", "--quiet", *argv]
+        logs = job.log_dir or self.log_dir
+        logs.mkdir(parents=True, exist_ok=True)
+        base = StepRecord(job.job_id, rank, epoch, unit.name, self.alloc, name, 0,
+                          command_id=command_id)
+        self.journal.append(base.to_record())  # the intent, before anything runs
+        with open(logs / f"{job.job_id}-rank{rank}-e{epoch}.log", "ab") as out:
+            proc = subprocess.Popen(srun, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self._sruns[proc.pid] = proc
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                step = find_step(self.cli.steps(), self.alloc, name)
+            except SlurmCliError as exc:
+                step, why = None, str(exc)
+            else:
+                why = "not listed"
+            if step is not None:
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _end(proc)
+                raise OSError(f"srun for rank {rank} on {unit.name}: no step {name} "
+                              f"({why}; srun exit {proc.returncode})")
+            time.sleep(0.1)
+        rec = StepRecord(job.job_id, rank, epoch, unit.name, self.alloc, name, proc.pid,
+                         step.step_id, command_id)
+        self.journal.append(rec.to_record())
+        return Replica(rank, unit.name, epoch, proc.pid)
+
+    def fence(self, job: JobSpec, replica: Replica) -> Released:
+        rec = self.step_of(job, replica.rank, replica.epoch)
+        if rec is None or not rec.step_id or rec.unit != replica.unit:
+            return Released((f"rank {replica.rank} epoch {replica.epoch} on {replica.unit}: "
+                             "not a step this actuator submitted: not cancelled",), "not_ours")
+        try:
+            how = self._fence_step(job, rec)
+        except SlurmCliError as exc:
+            raise FenceError(f"step {rec.step_id}: {exc}") from None
+        popen = self._sruns.pop(rec.srun_pid, None)
+        if popen is not None:
+            _end(popen)
+        return Released((f"slurm step {rec.step_id} ({rec.name}) on {rec.unit}: {how}",
+                         f"node {rec.unit}"), "already_gone" if how == "already gone" else
+                        "sigkill" if "KILL" in how or "DOWN" in how else "sigterm")
+
+    def _fence_step(self, job: JobSpec, rec: StepRecord) -> str:
+        cli = self.cli
+        if self.gone(rec.step_id, timeout_s=0):
+            return "already gone"
+        node = next((n for n in cli.nodes() if n.name == rec.unit), None)
+        if fence_start(node) == "down_first":
+            cli.set_down(rec.unit, _keep(node, f"fencing {rec.step_id} (node lost)"))
+            try:
+                cli.cancel_step(rec.step_id, "KILL")
+            except SlurmCliError as exc:
+                log.warning("step %s after DOWN: %s", rec.step_id, exc)
+            if self.gone(rec.step_id, timeout_s=30):
+                return "node set DOWN, step cancelled (KILL), confirmed gone or given up by Slurm"
+            raise FenceError(f"step {rec.step_id}: still listed 30 s after its node was "
+                             "set DOWN")
+        for sig, wait_s in (("TERM", job.grace_s), ("KILL", 2.0)):
+            try:
+                cli.cancel_step(rec.step_id, sig)
+            except SlurmCliError as exc:  # e.g. its slurmd cannot be reached
+                log.warning("step %s: %s", rec.step_id, exc)
+                break
+            if self.gone(rec.step_id, timeout_s=wait_s):
+                return f"cancelled ({sig}), confirmed gone"
+        if self.gone(rec.step_id, timeout_s=1):  # it ended while scancel was refused
+            return "cancelled, confirmed gone"
+        # its node cannot confirm: Slurm gives up on it once it is DOWN
+        cli.set_down(rec.unit, _keep(node, f"step {rec.step_id} cancel unconfirmed"))
+        try:
+            cli.cancel_step(rec.step_id, "KILL")
+        except SlurmCliError as exc:
+            log.warning("step %s after DOWN: %s", rec.step_id, exc)
+        if self.gone(rec.step_id, timeout_s=30):
+            return "cancel unconfirmed, node set DOWN, confirmed gone or given up by Slurm"
+        raise FenceError(f"step {rec.step_id}: still listed after KILL and its node DOWN")
+
+    def drain(self, node: str, reason: str) -> None:
+        """No new work on ``node``: Slurm keeps the reason (the incident id)."""
+        self.cli.drain(node, reason)
+
+    def quarantine(self, job: JobSpec, unit: str, reason: str) -> str:
+        try:
+            self.cli.drain(unit, reason)
+        except SlurmCliError as exc:
+            raise OSError(str(exc)) from None
+        return f"node {unit} drained in Slurm: {reason}"
+
+    def stop_stale(self, job: JobSpec, rank: int, epoch: int, pid: int | None) -> StaleAction:
+        rec = self.step_of(job, rank, epoch)
+        if rec is None or not rec.step_id:
+            return "discarded"
+        try:
+            if self.gone(rec.step_id, timeout_s=0):
+                return "already_gone"
+            self.cli.cancel_step(rec.step_id, "KILL")
+        except SlurmCliError as exc:
+            log.warning("stale step %s: %s", rec.step_id, exc)
+            return "already_gone"
+        return "killed"
+
+    def set_quota(self, job: JobSpec, unit: UnitSpec, pct: float | None) -> str:
+        raise CgroupError(f"{unit.name}: Slurm has no per-step CPU quota (tier 1 on Slurm is "
+                          "a node-local cgroup through the node's agent, or tier 2)")
+
+    def request_checkpoint(self, job: JobSpec, replica: Replica) -> str:
+        rec = self.step_of(job, replica.rank, replica.epoch)
+        if rec is None or not rec.step_id:
+            raise OSError(f"rank {replica.rank} epoch {replica.epoch}: no step this actuator "
+                          "submitted")
+        try:
+            self.cli.cancel_step(rec.step_id, "USR1")
+        except SlurmCliError as exc:
+            raise OSError(str(exc)) from None
+        return f"SIGUSR1 to slurm step {rec.step_id} (rank {replica.rank})"
+
+    def unreachable(self, job: JobSpec, unit: UnitSpec) -> str | None:
+        """A step on the node stats the checkpoint dir and writes a file there."""
+        probe = f"{job.ckpt_dir}/.reach-{unit.name}"
+        argv = ["srun", f"--jobid={self.alloc}", "-N1", "-n1", f"--nodelist={unit.name}",
+                "--overlap", "--quiet", "--job-name=tg.reach", "sh", "-c",
+                f'touch "{probe}" && rm -f "{probe}"']
+        try:
+            done = subprocess.run(argv, env=self.cli.env, capture_output=True, text=True,
+                                  timeout=self.cli.timeout_s)
+        except subprocess.TimeoutExpired:
+            return f"{unit.name}: no answer from a probe step in {self.cli.timeout_s:g} s"
+        if done.returncode != 0:
+            msg = (done.stderr or done.stdout).strip().splitlines()
+            return f"{job.ckpt_dir} from {unit.name}: {msg[-1] if msg else done.returncode}"
+        return None
+
+
+def _keep(node: SlurmNode | None, what: str) -> str:
+    """A DOWN reason that keeps the drain's (the incident's) when trainguard set it."""
+    if node is not None and node.reason.startswith("trainguard"):
+        return f"{node.reason}; {what}"
+    return f"trainguard: {what}"
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """The local srun client (its step is fenced through Slurm, not through this)."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, 9)
+        except OSError:
+            pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
