@@ -15,8 +15,8 @@ import sys
 
 import torch
 from torch.utils.data import Dataset
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from trainguard_sdk.integrations.hf import TrainguardCallback  # trainguard
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 SEQ = 16
 
