@@ -203,7 +203,9 @@ def batch_size(batch: object) -> int | None:
 
 
 def dir_size(path: str) -> int | None:
-    """Bytes under ``path`` (a file or a directory); None if it cannot be read."""
+    """Bytes under ``path`` (a file or a directory); None if it is missing or unreadable."""
+    if not os.path.exists(path):
+        return None
     try:
         if os.path.isfile(path):
             return os.path.getsize(path)

@@ -42,7 +42,7 @@ from trainguard_sdk.integrations.core import StepLoop, dir_size, resolve_identit
 CHECKPOINT_PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
 
 
-class TrainguardCallback(TrainerCallback):  # type: ignore[misc]
+class TrainguardCallback(TrainerCallback):
     def __init__(self, *, job_id: str | None = None, trainer: Any = None, hook: Any = None,
                  state: Any = None, reporter: Any = None, **reporter_kwargs: Any) -> None:
         """``trainer``: the Trainer (``attach`` sets it), to find its DDP model. ``hook``/

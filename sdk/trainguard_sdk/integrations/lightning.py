@@ -56,7 +56,7 @@ class _ReportingCheckpointIO(CheckpointIO):
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None,
                         weights_only: bool | None = None) -> dict[str, Any]:
-        return self.inner.load_checkpoint(path, map_location=map_location,  # type: ignore[no-any-return]
+        return self.inner.load_checkpoint(path, map_location=map_location,
                                           weights_only=weights_only)
 
     def remove_checkpoint(self, path: Any) -> None:
