@@ -138,7 +138,9 @@ class Published:
 def assert_job_seen(pub: Published, world: int, killed_rank: int, killed_pid: int,
                     min_steps: int) -> None:
     """Step reports (with the DDP hook's comm figure) and heartbeats from every rank, and
-    the killed rank's exit, published by the agent."""
+    the killed rank's exit, published by the agent. The tests kill a rank once rank 0 wrote
+    the checkpoint of step 15: every rank then had reported at least step 14 (step 15's
+    all-reduce needs them all), and rank 0 the checkpoints of steps 5 and 10."""
     for r in range(world):
         seen = [s.step for s in pub.steps if s.rank == r]
         assert seen[:min_steps] == list(range(1, min_steps + 1)), (r, seen[:20])

@@ -39,7 +39,7 @@ def test_a_hf_trainer_job_reports_and_a_killed_rank_is_seen(kafka: KafkaConfig,
     out = work / "out"
     with running_agent(kafka, work, "node-hf") as sock:
         job = torchrun("hf_train.py", [str(out), "1000000"], sock, work, JOB)
-        pid = kill_rank_after(job, 1, (out / "checkpoint-10" / "trainer_state.json").exists,
+        pid = kill_rank_after(job, 1, (out / "checkpoint-15" / "trainer_state.json").exists,
                               work)
     pub = Published.read(kafka, JOB)
 

@@ -38,7 +38,7 @@ def test_a_lightning_ddp_job_reports_and_a_killed_rank_is_seen(kafka: KafkaConfi
     ckpt = work / "ckpt"
     with running_agent(kafka, work, "node-pl") as sock:
         job = torchrun("lightning_train.py", [str(ckpt), "1000000"], sock, work, JOB)
-        pid = kill_rank_after(job, 1, (ckpt / "epoch=0-step=10.ckpt").exists, work)
+        pid = kill_rank_after(job, 1, (ckpt / "epoch=0-step=15.ckpt").exists, work)
     pub = Published.read(kafka, JOB)
 
     assert_job_seen(pub, world=2, killed_rank=1, killed_pid=pid, min_steps=10)

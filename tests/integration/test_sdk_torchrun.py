@@ -94,12 +94,12 @@ def test_a_killed_torchrun_rank_is_seen_by_the_agent(kafka: KafkaConfig, work: P
     ckpt = work / "ckpt"
     job_id = f"{JOB}-kill"
 
-    def two_checkpoints() -> bool:
-        return ckpt.is_dir() and sum(1 for p in ckpt.iterdir() if p.is_dir()) >= 2
+    def three_checkpoints() -> bool:
+        return ckpt.is_dir() and sum(1 for p in ckpt.iterdir() if p.is_dir()) >= 3
 
     with running_agent(kafka, work, "node-tr") as sock:
         job = torchrun("torchrun_train.py", [str(ckpt), "1000000"], sock, work, job_id)
-        pid = kill_rank_after(job, 1, two_checkpoints, work)
+        pid = kill_rank_after(job, 1, three_checkpoints, work)
     pub = Published.read(kafka, job_id)
 
     assert_job_seen(pub, world=2, killed_rank=1, killed_pid=pid, min_steps=10)
