@@ -8,7 +8,9 @@ import pkgutil
 
 import trainguard_sdk
 
-NEEDS_TORCH = {"trainguard_sdk.checkpoint.manager", "trainguard_sdk.ddp"}
+NEEDS_TORCH = {"trainguard_sdk.checkpoint.manager", "trainguard_sdk.ddp",
+               # these import their framework (lightning, transformers) and torch
+               "trainguard_sdk.integrations.lightning", "trainguard_sdk.integrations.hf"}
 
 
 def test_every_torch_free_module_imports() -> None:

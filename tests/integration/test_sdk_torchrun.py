@@ -1,7 +1,8 @@
 """A plain torchrun job with the SDK's few lines (examples/torchrun_train.py, 2 gloo ranks):
 the identity comes from torchrun (job id from --rdzv-id, rank, world size); step reports with
 compute and comm, heartbeats and checkpoint events reach a real step receiver; a second run
-of the same command resumes every rank from the last checkpoint."""
+of the same command resumes every rank from the last checkpoint; under a real `trainguard
+agent`, a rank killed mid-run is seen (its process.exit)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.sdk_jobs import (
+    Published,
+    assert_job_seen,
+    kill_rank_after,
+    running_agent,
+    torchrun,
+)
+from trainguard.bus.config import KafkaConfig
 from trainguard.collectors.base import Discrete
 from trainguard.collectors.steps import StepReceiver
 from trainguard.dev.kafka import free_port
@@ -77,3 +86,21 @@ def test_a_torchrun_job_reports_checkpoints_and_resumes(work: Path) -> None:
     resumed = sorted(i.payload.step for i in second
                      if isinstance(i.payload, StepReport) and i.subject.rank == 0)
     assert resumed == list(range(11, 17))
+
+
+def test_a_killed_torchrun_rank_is_seen_by_the_agent(kafka: KafkaConfig, work: Path) -> None:
+    """The same script under a real `trainguard agent`: what it publishes to the broker has
+    both ranks' steps and heartbeats, and the exit of the rank killed mid-run."""
+    ckpt = work / "ckpt"
+    job_id = f"{JOB}-kill"
+
+    def three_checkpoints() -> bool:
+        return ckpt.is_dir() and sum(1 for p in ckpt.iterdir() if p.is_dir()) >= 3
+
+    with running_agent(kafka, work, "node-tr") as sock:
+        job = torchrun("torchrun_train.py", [str(ckpt), "1000000"], sock, work, job_id)
+        pid = kill_rank_after(job, 1, three_checkpoints, work)
+    pub = Published.read(kafka, job_id)
+
+    assert_job_seen(pub, world=2, killed_rank=1, killed_pid=pid, min_steps=10)
+    assert [(r, s) for r, s, _ in pub.written()][:2] == [(0, 5), (0, 10)]

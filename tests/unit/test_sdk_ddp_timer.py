@@ -135,3 +135,19 @@ def test_the_exchange_runs_over_ddps_own_process_group(
     _step(ddp, timer)
     assert timer.stop() is not None
     assert seen and all(g is sub for g in seen)
+
+
+def test_the_integrations_install_the_timer_on_ddp_else_fall_back_to_the_wall_clock(
+        group: None, caplog: pytest.LogCaptureFixture) -> None:
+    from trainguard_sdk.integrations._torch import timer_for
+    from trainguard_sdk.integrations.core import WallTimer
+
+    ddp = DistributedDataParallel(_model())
+    timer, how = timer_for(ddp)
+    assert isinstance(timer, StepTimer) and how == "ddp-hook"
+    again, how = timer_for(ddp)  # the comm hook is taken (by the first timer): fall back
+    assert isinstance(again, WallTimer) and "could not be installed" in how
+    plain, how = timer_for(_model())
+    assert isinstance(plain, WallTimer) and "not DistributedDataParallel" in how
+    assert sum("step timing from the wall clock" in r.getMessage()
+               for r in caplog.records) == 2
