@@ -72,9 +72,6 @@ class Links:
         ranges = [self.time_range_ms(n, now_us) for n in m.notices]
         query = [("from", str(min(r[0] for r in ranges))),
                  ("to", str(max(r[1] for r in ranges)))]
-        jobs = sorted({n.job_id for n in m.notices})
-        if len(jobs) == 1:
-            query.append(("var-job", jobs[0]))
         return f"{_base(self.grafana_url)}/d/{quote(self.digest_dashboard_uid, safe='')}?" \
                f"{urlencode(query)}"
 

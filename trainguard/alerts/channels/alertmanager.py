@@ -8,8 +8,8 @@ with ``grafana_url`` and ``timeline_url``. ``generatorURL`` is the served timeli
 Grafana link when no timeline URL is configured). Firing alerts carry ``endsAt = now + 4 x
 resend_s`` and are re-sent every ``resend_s`` while the incident is open, escalated or
 unrecoverable (as Prometheus does); a recovery sends ``endsAt`` = the recovery's event time,
-which resolves the alert. Alertmanager groups by ``incident_id`` (deploy/alertmanager/alertmanager.yml): one notification group, i.e.
-one thread, per incident.
+which resolves the alert. Alertmanager groups by ``incident_id``
+(deploy/alertmanager/alertmanager.yml): one notification group, i.e. one thread, per incident.
 """
 
 from __future__ import annotations
