@@ -284,3 +284,26 @@ def test_bad_mentions_name_the_field_and_value(tmp_path: Path, channel: str, fie
         load(write(tmp_path, f"channels: [{channel}]\n"), ENV)
     assert err.value.field == field
     assert reason in err.value.reason
+
+
+def test_transitions_carry_the_opening_verdicts_severity_and_kind_to_the_notices() -> None:
+    from trainguard.alerts.coalesce import Coalescer
+    from trainguard.alerts.model import transition_from_event
+    from trainguard.events.payloads import Verdict
+    from trainguard.incidents import rebuild_incidents
+    from trainguard.incidents.synth import incident_log
+
+    log = incident_log()
+    book = rebuild_incidents(log)["job-a"]
+    verdicts = {e.payload.verdict_id: e.payload for e in log if isinstance(e.payload, Verdict)}
+    coalescer = Coalescer(hold_s=0)
+    for inc in book.incidents.values():
+        opening = verdicts[next(iter(inc.verdicts))]
+        for ev in inc.transitions:
+            t = transition_from_event(ev)
+            assert t is not None
+            assert (t.severity, t.verdict_kind) == (opening.severity, opening.kind)
+            coalescer.offer(t, 0.0)
+    notices = coalescer.due(1.0)
+    assert notices and all(n.severity is not None and n.verdict_kind is not None
+                           for n in notices)
