@@ -146,3 +146,102 @@ def test_the_deployed_alertmanager_config_is_valid_and_groups_per_incident() -> 
     assert check.returncode == 0, check.stdout + check.stderr
     doc = yaml.safe_load(path.read_text())
     assert "incident_id" in doc["route"]["group_by"]
+
+
+ROUTED = """route:
+  receiver: ticket
+  group_by: [job_id, incident_id]
+  group_wait: 1s
+  group_interval: 1s
+  repeat_interval: 1h
+  routes:
+    - receiver: page
+      matchers: ['severity="critical"']
+receivers:
+  - name: page
+    webhook_configs: [{url: "PAGE_URL", send_resolved: true, max_alerts: 0}]
+  - name: ticket
+    webhook_configs: [{url: "TICKET_URL", send_resolved: true, max_alerts: 0}]
+"""
+
+
+def test_routes_by_severity_with_links_through_the_real_alertmanager(tmp_path: Path) -> None:
+    """Our alerts, as built from a config with links, posted to the real Alertmanager routing
+    by severity to two local receivers: the critical incident pages, the warning one goes to
+    the ticket queue, and each arrives with its labels, generatorURL and Grafana link."""
+    from trainguard.alerts.config import load
+    from trainguard.alerts.http import AiohttpPoster, Reply
+    from trainguard.alerts.model import Notice, NoticeKind
+    from trainguard.alerts.render import Message
+    from trainguard.events.clock import now_us
+    from trainguard.events.payloads import Severity, VerdictKind
+
+    with WebhookReceiver([Route("page", "/page/"), Route("ticket", "/ticket/")]) as rx, \
+            LocalAlertmanager(tmp_path / "am") as am:
+        try:
+            info = am.start(ROUTED.replace("PAGE_URL", rx.url("/page/"))
+                            .replace("TICKET_URL", rx.url("/ticket/")))
+        except AlertmanagerError as err:
+            pytest.fail(f"the real Alertmanager could not start: {err}", pytrace=False)
+        config = tmp_path / "alerts.yaml"
+        config.write_text("links: {grafana_url: 'http://grafana.test:3000', "
+                          "timeline_url: 'http://127.0.0.1:8470'}\nchannels:\n"
+                          f"  - {{name: am, type: alertmanager, url: '{info.url}'}}\n")
+        [built] = load(config, {}).channels
+        t0 = now_us()
+        incidents = {"c" * 32: (Severity.CRITICAL, VerdictKind.PROCESS_EXIT, "node-a", 3),
+                     "d" * 32: (Severity.WARNING, VerdictKind.STRAGGLER, "node-b", 5)}
+        notices = tuple(
+            Notice(kind=NoticeKind.OPENED, incident_id=inc, job_id="job-route",
+                   state=S.LOCATED, opened_at_us=t0, at_us=t0, transitions=2,
+                   node=node, rank=rank, severity=sev, verdict_kind=kind, first_node=node,
+                   first_rank=rank)
+            for inc, (sev, kind, node, rank) in incidents.items())
+
+        async def post() -> None:
+            poster = AiohttpPoster()
+            try:
+                reply = await poster.post(built.channel.build(Message(notices), time.time()),
+                                          10)
+            finally:
+                await poster.close()
+            assert isinstance(reply, Reply) and reply.status == 200, reply
+        arun(post())
+
+        def got(route: str) -> dict[str, dict[str, Any]]:
+            return {a["labels"]["incident_id"]: a for r in rx.records(route)
+                    for a in r.json()["alerts"]}
+        rx.wait_for(lambda _: bool(got("page")) and bool(got("ticket")), 30)
+        page, ticket = got("page"), got("ticket")
+    assert set(page) == {"c" * 32} and set(ticket) == {"d" * 32}
+    alert = page["c" * 32]
+    assert {k: alert["labels"][k] for k in ("severity", "verdict_kind", "job_id", "node",
+                                            "rank")} == {
+        "severity": "critical", "verdict_kind": "process_exit", "job_id": "job-route",
+        "node": "node-a", "rank": "3"}
+    assert alert["generatorURL"] == f"http://127.0.0.1:8470/incidents/{'c' * 32}"
+    assert alert["annotations"]["grafana_url"].startswith(
+        "http://grafana.test:3000/d/tg-job?from=")
+    assert "var-node=node-b&var-rank=5" in ticket["d" * 32]["annotations"]["grafana_url"]
+    assert ticket["d" * 32]["labels"]["severity"] == "warning"
+
+
+def test_the_deployed_alertmanager_config_routes_by_severity() -> None:
+    """amtool, on deploy/alertmanager/alertmanager.yml: which receiver each severity reaches."""
+    import shutil
+
+    root = Path(__file__).resolve().parents[2]
+    path = root / "deploy" / "alertmanager" / "alertmanager.yml"
+    amtool = shutil.which("amtool")
+    assert amtool, "amtool (Debian's prometheus-alertmanager) is missing"
+
+    def receiver(*labels: str) -> str:
+        out = subprocess.run([amtool, "config", "routes", "test", f"--config.file={path}",
+                              *labels], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout.strip()
+
+    base = ("alertname=TrainguardIncident", "source=trainguard", "job_id=j", "incident_id=i")
+    assert receiver(*base, "severity=critical") == "trainguard-page"
+    assert receiver(*base, "severity=warning") == "trainguard-ticket"
+    assert receiver(*base, "severity=info") == "trainguard-oncall"

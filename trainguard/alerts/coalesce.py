@@ -25,6 +25,7 @@ from trainguard.alerts.model import (
     Transition,
     phase_of,
 )
+from trainguard.events.payloads import Severity, VerdictKind
 
 _END_KIND = {Phase.RECOVERED: NoticeKind.RECOVERED, Phase.ESCALATED: NoticeKind.ESCALATED,
              Phase.UNRECOVERABLE: NoticeKind.UNRECOVERABLE}
@@ -54,6 +55,8 @@ class _Incident:
     tier: int | None = None
     node: str | None = None
     rank: int | None = None
+    severity: Severity | None = None
+    verdict_kind: VerdictKind | None = None
 
     def fold(self, t: Transition) -> None:
         self.latest = t
@@ -62,12 +65,16 @@ class _Incident:
         self.tier = t.tier if t.tier is not None else self.tier
         self.node = t.node or self.node
         self.rank = t.rank if t.rank is not None else self.rank
+        self.severity = self.severity or t.severity
+        self.verdict_kind = self.verdict_kind or t.verdict_kind
 
     def notice(self, kind: NoticeKind) -> Notice:
         return Notice(kind=kind, incident_id=self.first.incident_id, job_id=self.first.job_id,
                       state=self.latest.to_state, opened_at_us=self.first.event_time_us,
                       at_us=self.latest.event_time_us, transitions=self.transitions,
-                      reason=self.reason, tier=self.tier, node=self.node, rank=self.rank)
+                      reason=self.reason, tier=self.tier, node=self.node, rank=self.rank,
+                      severity=self.severity, verdict_kind=self.verdict_kind,
+                      first_node=self.first.node, first_rank=self.first.rank)
 
 
 @dataclass
@@ -94,7 +101,8 @@ class Coalescer:
             announced = Phase.NONE if t.from_state is None else phase_of(t.from_state)
             inc = _Incident(first=t, latest=t, announced=announced, desired=announced,
                             dirty_since=None, touched=now, reason=t.reason, tier=t.tier,
-                            node=t.node, rank=t.rank)
+                            node=t.node, rank=t.rank, severity=t.severity,
+                            verdict_kind=t.verdict_kind)
             if announced != Phase.NONE:
                 inc.last_kind = plan(Phase.NONE, announced)[-1]
             self._incidents[t.incident_id] = inc

@@ -32,7 +32,9 @@ class Poster(Protocol):
 
 
 class AiohttpPoster:
-    """One aiohttp session for all channels; bodies read up to 64 KiB."""
+    """One aiohttp session for all channels; bodies read up to 64 KiB. ``trust_env``: the
+    proxy variables (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``, lower case too) and
+    ``~/.netrc`` are honoured, as curl does."""
 
     MAX_BODY = 65_536
 
@@ -41,7 +43,7 @@ class AiohttpPoster:
 
     async def post(self, request: HttpRequest, timeout_s: float) -> Reply | PostFailed:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(trust_env=True)
         try:
             async with self._session.post(
                 request.url, data=request.body, headers=request.headers,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from trainguard.compat import StrEnum
 from trainguard.events.envelope import Event
-from trainguard.events.payloads import IncidentState, IncidentTransition
+from trainguard.events.payloads import IncidentState, IncidentTransition, Severity, VerdictKind
 
 
 class Phase(StrEnum):
@@ -56,6 +56,8 @@ class Transition:
     tier: int | None = None
     node: str | None = None
     rank: int | None = None
+    severity: Severity | None = None
+    verdict_kind: VerdictKind | None = None
 
 
 def transition_from_event(event: Event) -> Transition | None:
@@ -67,7 +69,8 @@ def transition_from_event(event: Event) -> Transition | None:
         incident_id=payload.incident_id, job_id=event.job_id, seq=payload.seq,
         from_state=payload.from_state, to_state=payload.to_state,
         event_time_us=event.event_time, reason=payload.reason, tier=payload.tier,
-        node=event.subject.node, rank=event.subject.rank)
+        node=event.subject.node, rank=event.subject.rank, severity=payload.severity,
+        verdict_kind=payload.verdict_kind)
 
 
 def short_ref(incident_id: str) -> str:
@@ -93,6 +96,12 @@ class Notice:
     tier: int | None = None
     node: str | None = None
     rank: int | None = None
+    severity: Severity | None = None  # the opening verdict's (None in logs older than the field)
+    verdict_kind: VerdictKind | None = None
+    # where the incident was when first seen: Alertmanager's node/rank labels, which must not
+    # change while the alert fires (a relocation would make it a second alert)
+    first_node: str | None = None
+    first_rank: int | None = None
     refresh: bool = False  # repeats what was announced (Alertmanager's periodic re-send)
 
     @property

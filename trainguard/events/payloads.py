@@ -661,3 +661,6 @@ class IncidentTransition(Payload):
     reason: str = ""
     tier: Annotated[int, Field(ge=0, le=3)] | None = None
     cause_event_ids: list[str] = Field(default_factory=list)
+    # the opening verdict's severity and kind, on every transition (alerts route on them)
+    severity: Severity | None = None
+    verdict_kind: VerdictKind | None = None

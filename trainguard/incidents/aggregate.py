@@ -315,9 +315,12 @@ class IncidentBook:
               tier: int | None = None, extra_causes: Iterable[str] = ()) -> list[Event]:
         tier = inc.tier if tier is None else tier
         causes = [cause.event_id, *[c for c in extra_causes if c != cause.event_id]]
+        opening = next(iter(inc.verdicts.values()), None)
         payload = IncidentTransition(incident_id=inc.incident_id, seq=len(inc.transitions),
                                      from_state=inc.state, to_state=to, reason=reason,
-                                     tier=tier, cause_event_ids=causes)
+                                     tier=tier, cause_event_ids=causes,
+                                     severity=None if opening is None else opening.severity,
+                                     verdict_kind=None if opening is None else opening.kind)
         ev = make_event(payload, event_id=transition_id(inc.incident_id, payload.seq),
                         job_id=inc.job_id, event_time=cause.event_time, source=SOURCE,
                         subject=inc.subject)
