@@ -21,6 +21,13 @@ step and the current phase ("init" until the first step, "step" after each ``ste
 and checkpoints. It shows the *process* is alive; progress is the step number. The thread never
 keeps the process alive, and stops on ``close()``, which also sends a last "idle" heartbeat.
 
+``section(Section.BACKWARD)`` says where in its step the rank is now (data, forward, backward,
+optimizer, checkpoint, comm); the heartbeats carry it with the wall-clock time it was entered,
+so the agent's rules can say "rank 5 stuck in backward for 60 s" with a bound learned from how
+long that section usually takes. It is one clock read (vDSO, no syscall) and one attribute
+store: no lock, no send. ``step()`` ends the section (the step is done; the next heartbeat says
+no section until the next ``section()``), and so do ``close()`` and ``end_section()``.
+
 ``checkpoint()`` sends one checkpoint record (written, verified, corrupt, loaded) for the
 agent to publish as a ``checkpoint`` event; ``trainguard_sdk.checkpoint`` calls it.
 
@@ -103,6 +110,9 @@ class StepReporter:
         self.invalid = 0
         self._phase = "init"
         self._phase_mark = self._tail()  # the (step, time) bytes when the phase was set
+        # (section, wall-clock ns it was entered) or None: one reference, replaced whole, so
+        # the heartbeat thread never sees a section with another's start
+        self._section: tuple[int, int] | None = None
         self.heartbeat_interval_s = heartbeat_interval_s
         self._closed = False
         self._stop = threading.Event()
@@ -149,7 +159,21 @@ class StepReporter:
     def connected(self) -> bool:
         return self._link.sock is not None
 
+    @property
+    def section_now(self) -> wire.Section | None:
+        """The section the next heartbeat reports (None: none since the last step)."""
+        cur = self._section
+        return None if cur is None else wire.SECTIONS[cur[0]]
+
     # -- the hot path -----------------------------------------------------------------------
+
+    def section(self, section: wire.Section) -> None:
+        """The rank enters ``section`` now (until the next ``section()``, ``step()`` or
+        ``end_section()``). Never raises for a ``Section``; no lock, no syscall."""
+        self._section = (section, _time_ns())
+
+    def end_section(self) -> None:
+        self._section = None
 
     def step(
         self,
@@ -162,7 +186,9 @@ class StepReporter:
         loss: float | None = None,
         shard_offset: int | None = None,
     ) -> bool:
-        """Report one finished step. True if the datagram went to the agent."""
+        """Report one finished step (and end the current section). True if the datagram went
+        to the agent."""
+        self._section = None
         flags = self._id_flags
         if comm_ms is None:
             comm_ms = 0.0
@@ -262,6 +288,7 @@ class StepReporter:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
+        self._section = None
         if os.getpid() == self.pid and self._forked_from is None:
             self._set_phase("idle")
             self._send_heartbeat(self._link, self._hb_buf)
@@ -304,9 +331,12 @@ class StepReporter:
     def _send_heartbeat(self, link: Link, buf: bytearray) -> bool:
         step, at_ns = wire.STEP_TAIL.unpack_from(self._buf, wire.STEP_STEP_OFFSET)
         phase = self.phase
+        cur = self._section
+        section, start_ns = (None, None) if cur is None else cur
         try:
             wire.pack_heartbeat(buf, len(self._job), self.pid, self.rank, self.binding_epoch,
-                                wire.PHASE_INDEX[phase], _time_ns(), step if at_ns else None)
+                                wire.PHASE_INDEX[phase], _time_ns(), step if at_ns else None,
+                                section, start_ns)
         except Exception:  # cannot happen with checked identity; counted, never raised
             link.dropped += 1
             return False
