@@ -141,7 +141,7 @@ def test_layout_offsets_match_the_docstring() -> None:
     assert wire.HEADER.size == 6
     assert wire.STEP_VAR_OFFSET == 34
     assert wire.STEP_FIXED == 108
-    assert wire.HEARTBEAT_FIXED == 38
+    assert wire.HEARTBEAT_FIXED == 46 and wire.HEARTBEAT_V1_FIXED == 38
     assert wire.STEP_STEP_OFFSET == 92
     assert wire.MAX_DATAGRAM > wire.STEP_FIXED + wire.MAX_JOB_LEN
 
