@@ -9,5 +9,5 @@ from trainguard_sdk.paths import DEFAULT_SOCKET, ENV_SOCKET, default_socket_path
 from trainguard_sdk.reporter import StepReporter
 from trainguard_sdk.wire import Section
 
-__all__ = ["DEFAULT_SOCKET", "ENV_SOCKET", "Identity", "IdentityError", "Layout", "Section", "StepReporter",
-           "default_socket_path", "identity_from_env"]
+__all__ = ["DEFAULT_SOCKET", "ENV_SOCKET", "Identity", "IdentityError", "Layout", "Section",
+           "StepReporter", "default_socket_path", "identity_from_env"]

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import pytest
 
 from tests.unit.rules_support import RULES, T0, S, kinds, run
 from trainguard.events.envelope import Event
@@ -30,7 +29,7 @@ def job(durations_ms: list[list[int]], ranks: int = 2, *, hb_ms: int = 1000,
         spans: list[tuple[Section, int, int]] = []  # (section, start, end)
         for step, secs in enumerate(durations_ms):
             stuck_here = stop is not None and stop[1] == step
-            for sec, d in zip(ORDER, secs):
+            for sec, d in zip(ORDER, secs, strict=False):
                 if stuck_here and stop is not None and stop[0] == r and sec is stop[2]:
                     spans.append((sec, t, -1))
                     break
@@ -48,10 +47,18 @@ def job(durations_ms: list[list[int]], ranks: int = 2, *, hb_ms: int = 1000,
         hb = T0 + r + 7
         while hb < end:
             here = [s for s in spans if s[1] <= hb and (s[2] == -1 or hb < s[2])]
-            sec, start = (here[-1][0], here[-1][1]) if here else (None, None)
-            events.append(section_heartbeat("j", r, hb, sec, start))
+            if here:
+                events.append(section_heartbeat("j", r, hb, here[-1][0], here[-1][1]))
+            else:
+                events.append(section_heartbeat("j", r, hb, None, None))
             hb += hb_ms * MS
     return events
+
+
+def num(v: Verdict, key: str) -> float:
+    x = v.evidence[key]
+    assert isinstance(x, int | float)
+    return x
 
 
 def stuck(out: list[Event]) -> list[Verdict]:
@@ -83,14 +90,14 @@ def test_the_verdict_names_the_section_where_the_rank_stopped(
     assert v.evidence["section"] == section.value  # where it stopped, not the peers' comm
     assert v.evidence["peers_waiting_in_comm"] == 1
     # the bound: the initial one, or k x the longest seen (>= the floor) once 10 ended
-    timeout_ms = v.evidence["timeout_ms"]
+    timeout_ms = num(v, "timeout_ms")
     if v.evidence["learned"]:
         longest = max(s[ORDER.index(section)] for s in steps[:at])
         assert timeout_ms >= max(20000, 3 * longest)
         assert timeout_ms <= max(20000, 3 * (longest + 1001))  # ends seen ≤ 1 hb late
     else:
         assert timeout_ms == 300000
-    assert v.evidence["stuck_ms"] > timeout_ms
+    assert num(v, "stuck_ms") > timeout_ms
 
 
 def test_learned_bound_is_faster_than_the_initial_one_and_names_the_rank() -> None:
@@ -101,7 +108,7 @@ def test_learned_bound_is_faster_than_the_initial_one_and_names_the_rank() -> No
     assert v[0].evidence["learned"] is True and v[0].evidence["timeout_ms"] == 20000  # floor
     opened = next(e for e in out if isinstance(e.payload, Verdict)
                   and e.payload.kind is VerdictKind.RANK_STUCK)
-    assert opened.subject.rank == 2
+    assert opened.subject.rank == 2 and isinstance(opened.payload, Verdict)
     assert 20 * S < opened.event_time - opened.payload.first_anomalous_time <= 22 * S
 
 
@@ -110,7 +117,7 @@ def test_a_long_backward_learns_a_longer_bound() -> None:
     slow = [[100, 200, 12000, 100]] * 15  # 12 s backward: 3 x 12 s = 36 s > the floor
     out = stuck(run(job(fast + slow, stop=(0, 29, Section.BACKWARD), tail_s=200)))
     assert len(out) == 1 and out[0].evidence["learned"] is True
-    assert 36000 <= out[0].evidence["timeout_ms"] <= 39100
+    assert 36000 <= num(out[0], "timeout_ms") <= 39100
 
 
 def test_checkpoint_is_judged_on_its_own_initial_bound() -> None:
@@ -131,7 +138,7 @@ def test_all_ranks_in_comm_is_a_hang_of_the_exchange() -> None:
     ev = [section_heartbeat("j", r, start + k * S + r, Section.COMM, start + r)
           for r in range(3) for k in range(320)]
     out = stuck(run(ev))
-    assert sorted(v.evidence["section"] for v in out) == ["comm"] * 3
+    assert [v.evidence["section"] for v in out] == ["comm"] * 3
 
 
 def test_a_new_section_resolves_and_replay_is_deterministic() -> None:

@@ -112,10 +112,9 @@ class SectionHangRule(RuleBase):
         elif isinstance(payload, ProcessExit):
             if payload.rank is not None:
                 out.extend(self._end(payload.rank, t, None, learn=False))
-        elif isinstance(payload, CheckpointEvent):
-            if payload.action is CheckpointAction.LOADED:
-                for rank in sorted(self.st.current):
-                    out.extend(self._end(rank, t, None, learn=False))
+        elif isinstance(payload, CheckpointEvent) and payload.action is CheckpointAction.LOADED:
+            for rank in sorted(self.st.current):
+                out.extend(self._end(rank, t, None, learn=False))
         if t >= self.st.next_check:
             self.st.next_check = t + int(self.p["check_every_ms"] * 1000)
             out.extend(self._check(t))
