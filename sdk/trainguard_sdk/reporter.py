@@ -22,10 +22,11 @@ and checkpoints. It shows the *process* is alive; progress is the step number. T
 keeps the process alive, and stops on ``close()``, which also sends a last "idle" heartbeat.
 
 ``section(Section.BACKWARD)`` says where in its step the rank is now (data, forward, backward,
-optimizer, checkpoint, comm); the heartbeats carry it with the wall-clock time it was entered,
-so the agent's rules can say "rank 5 stuck in backward for 60 s" with a bound learned from how
-long that section usually takes. It is one clock read (vDSO, no syscall) and one attribute
-store: no lock, no send. ``step()`` ends the section (the step is done; the next heartbeat says
+optimizer, checkpoint, comm); the heartbeats carry it with the wall-clock time the heartbeat
+side first saw the rank in it (at most one heartbeat interval late), so the agent's rules can
+say "rank 5 stuck in backward for 60 s" with a bound learned from how long that section
+usually takes. It is one attribute store: no clock read, no lock, no send (the heartbeat
+thread tells one section instance from the next by the section and the last step). ``step()`` ends the section (the step is done; the next heartbeat says
 no section until the next ``section()``), and so do ``close()`` and ``end_section()``.
 
 ``checkpoint()`` sends one checkpoint record (written, verified, corrupt, loaded) for the
@@ -110,9 +111,9 @@ class StepReporter:
         self.invalid = 0
         self._phase = "init"
         self._phase_mark = self._tail()  # the (step, time) bytes when the phase was set
-        # (section, wall-clock ns it was entered) or None: one reference, replaced whole, so
-        # the heartbeat thread never sees a section with another's start
-        self._section: tuple[int, int] | None = None
+        self._section: wire.Section | None = None  # set by section(), cleared by step()
+        # the heartbeat side's view: (section, step tail) it last saw, and since when (ns)
+        self._seen: tuple[wire.Section, bytes, int] | None = None  # one reference, whole
         self.heartbeat_interval_s = heartbeat_interval_s
         self._closed = False
         self._stop = threading.Event()
@@ -162,15 +163,14 @@ class StepReporter:
     @property
     def section_now(self) -> wire.Section | None:
         """The section the next heartbeat reports (None: none since the last step)."""
-        cur = self._section
-        return None if cur is None else wire.SECTIONS[cur[0]]
+        return self._section
 
     # -- the hot path -----------------------------------------------------------------------
 
     def section(self, section: wire.Section) -> None:
         """The rank enters ``section`` now (until the next ``section()``, ``step()`` or
-        ``end_section()``). Never raises for a ``Section``; no lock, no syscall."""
-        self._section = (section, _time_ns())
+        ``end_section()``). Never raises; no clock, no lock, no syscall."""
+        self._section = section
 
     def end_section(self) -> None:
         self._section = None
@@ -329,18 +329,29 @@ class StepReporter:
         return bytes(self._buf[wire.STEP_STEP_OFFSET:wire.STEP_FIXED])
 
     def _send_heartbeat(self, link: Link, buf: bytearray) -> bool:
-        step, at_ns = wire.STEP_TAIL.unpack_from(self._buf, wire.STEP_STEP_OFFSET)
+        tail = self._tail()  # before the section: see _section_start
+        step, at_ns = wire.STEP_TAIL.unpack_from(tail)
         phase = self.phase
-        cur = self._section
-        section, start_ns = (None, None) if cur is None else cur
+        section = self._section
+        now = _time_ns()
+        start_ns = None if section is None else self._section_start(section, tail, now)
         try:
             wire.pack_heartbeat(buf, len(self._job), self.pid, self.rank, self.binding_epoch,
-                                wire.PHASE_INDEX[phase], _time_ns(), step if at_ns else None,
+                                wire.PHASE_INDEX[phase], now, step if at_ns else None,
                                 section, start_ns)
         except Exception:  # cannot happen with checked identity; counted, never raised
             link.dropped += 1
             return False
         return link.send(buf)
+
+    def _section_start(self, section: wire.Section, tail: bytes, now: int) -> int:
+        """When the heartbeat side first saw this section instance: a new (section, last step)
+        is a new instance. The step tail is read before the section, so a step() in between
+        can only split an instance (a later start), never join two."""
+        seen = self._seen
+        if seen is None or seen[0] is not section or seen[1] != tail:
+            seen = self._seen = (section, tail, now)
+        return seen[2]
 
     def _beat(self, interval_s: float) -> None:
         self._send_heartbeat(self._bg_link, self._hb_bg_buf)

@@ -48,8 +48,10 @@ Heartbeat body (32 bytes; datagram = 38 + job_len)::
 
 Heartbeat body, version 2 (40 bytes; datagram = 46 + job_len): version 1's, then::
 
-    38  8  u64 section_start_ns  (flag HB_SECTION) wall clock when the rank entered the
-                                 section; the section's index travels in byte 21 (the
+    38  8  u64 section_start_ns  (flag HB_SECTION) wall clock when the sender first saw the
+                                 rank in this section instance (the reporter: its first
+                                 heartbeat in it, at most one interval after it was
+                                 entered); the section's index travels in byte 21 (the
                                  reserved byte of version 1): an index into SECTIONS
 
 Checkpoint body (92 bytes + path + reason; datagram = 98 + path_len + reason_len + job_len)::

@@ -199,8 +199,9 @@ class Section(StrEnum):
 
 
 class Heartbeat(Payload):
-    """v2 adds ``section`` and ``section_start`` (the trainer's wall-clock time it entered the
-    section, µs): both set or both absent. ``step`` is the last step the rank finished."""
+    """v2 adds ``section`` and ``section_start`` (the trainer's wall-clock time, µs, its first
+    heartbeat in this instance of the section was sent: at most one heartbeat interval after it
+    entered it): both set or both absent. ``step`` is the last step the rank finished."""
 
     rank: Count
     binding_epoch: Count = 0

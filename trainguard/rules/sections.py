@@ -1,7 +1,8 @@
 """Hang by section: "rank R stuck in <section> for T s", with bounds learned per section.
 
-The SDK's heartbeats (v2) carry the section of its step a rank is in (``Section``) and when it
-entered it (the trainer's clock, like every event time). ``SectionHangRule`` tracks each rank's
+The SDK's heartbeats (v2) carry the section of its step a rank is in (``Section``) and since
+when (the trainer's clock, like every event time: its first heartbeat in that instance, so at
+most one heartbeat interval after it entered it; stuck times are short by up to that much). ``SectionHangRule`` tracks each rank's
 current section *instance* (section, start) and learns, per section of the job, how long an
 instance takes:
 
