@@ -59,7 +59,7 @@ def step_cost_us(tmp: Path, batches: int = 20_000, batch: int = 8,
                  sections: bool = False) -> float:
     """Median µs per ``step()`` call to a listening socket drained between batches; with
     ``sections``, each report also comes with the four ``section()`` calls of a step."""
-    path = str(tmp / "cost.sock")
+    path = str(tmp / f"cost-{int(sections)}.sock")
     rx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     rx.bind(path)
     rx.setblocking(False)
