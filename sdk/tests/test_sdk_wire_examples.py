@@ -14,7 +14,7 @@ from trainguard_sdk import wire
 def test_step_layout_sizes_are_the_documented_ones() -> None:
     assert wire.HEADER.size == 6
     assert wire.STEP_FIXED == 108
-    assert wire.HEARTBEAT_FIXED == 38
+    assert wire.HEARTBEAT_FIXED == 46 and wire.HEARTBEAT_V1_FIXED == 38
     assert wire.CHECKPOINT_FIXED == 98
     assert wire.STEP_STEP_OFFSET == 92
 

@@ -7,6 +7,7 @@ no torch until a torch-specific module (``ddp``, ``checkpoint.manager``) is impo
 from trainguard_sdk.identity import Identity, IdentityError, Layout, identity_from_env
 from trainguard_sdk.paths import DEFAULT_SOCKET, ENV_SOCKET, default_socket_path
 from trainguard_sdk.reporter import StepReporter
+from trainguard_sdk.wire import Section
 
-__all__ = ["DEFAULT_SOCKET", "ENV_SOCKET", "Identity", "IdentityError", "Layout", "StepReporter",
-           "default_socket_path", "identity_from_env"]
+__all__ = ["DEFAULT_SOCKET", "ENV_SOCKET", "Identity", "IdentityError", "Layout", "Section",
+           "StepReporter", "default_socket_path", "identity_from_env"]

@@ -33,6 +33,12 @@ Limits: a module with buffers broadcasts them at the start of each forward
 (``broadcast_buffers=True``), a collective that a fast rank waits in, and that this timer
 counts as compute; pass ``broadcast_buffers=False`` where the buffers need no broadcast.
 
+``StepTimer(ddp, reporter=tg)`` also tells the reporter's heartbeats when this rank waits in
+the exchange: when its last bucket is ready (``bucket.is_last()``), the rank enters
+``Section.COMM`` (until the loop's next ``section()`` or ``step()``), so a hang rule can tell a
+rank waiting for a stuck peer from the peer itself. On CUDA that is when the host queued the
+last bucket's exchange (the host's view, like every section).
+
 No ``from __future__ import annotations`` here: DDP checks the hook's annotations at runtime
 (``bucket: dist.GradBucket``), so they must be real objects, not strings.
 """
@@ -45,6 +51,9 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # torch.distributed.GradBucket (typed here)
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from trainguard_sdk.reporter import StepReporter
+from trainguard_sdk.wire import Section
 
 _now = time.perf_counter_ns
 Hook = Callable[[Any, GradBucket], "torch.futures.Future[torch.Tensor]"]
@@ -87,11 +96,13 @@ class _Events:
 class StepTimer:
     def __init__(self, ddp: "torch.nn.parallel.DistributedDataParallel", *,
                  hook: Optional[Hook] = None, state: Any = None,
-                 cuda: Optional[bool] = None) -> None:
+                 cuda: Optional[bool] = None,
+                 reporter: Optional[StepReporter] = None) -> None:
         """Register the timing hook on ``ddp``. ``hook``/``state``: your own communication
         hook and its state (default: DDP's all-reduce over DDP's process group, divided by
         that group's size, as DDP does without a hook). ``cuda``: time with CUDA events (default:
-        when the module's parameters are on a CUDA device)."""
+        when the module's parameters are on a CUDA device). ``reporter``: enters
+        ``Section.COMM`` on it when this rank's last bucket is ready."""
         self._inner: Hook = hook if hook is not None else default_hooks.allreduce_hook
         self._own = hook is None  # DDP's all-reduce, over DDP's own process group
         # the default hook's state is the process group: DDP's (a data-parallel group in a
@@ -107,6 +118,7 @@ class StepTimer:
         self._events: list[_Events] = [_Events(), _Events()] if cuda else []
         self._cur: Optional[_Events] = None
         self._world_size: Optional[int] = None
+        self._reporter = reporter
         ddp.register_comm_hook(state=None, hook=self._hook)
 
     # -- the training loop's side ------------------------------------------------------------
@@ -164,6 +176,8 @@ class StepTimer:
 
     def _hook(self, _state: Any,
               bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        if self._reporter is not None and bucket.is_last():
+            self._reporter.section(Section.COMM)
         if self.cuda:
             cur = self._cur
             if cur is not None:

@@ -21,6 +21,14 @@ step and the current phase ("init" until the first step, "step" after each ``ste
 and checkpoints. It shows the *process* is alive; progress is the step number. The thread never
 keeps the process alive, and stops on ``close()``, which also sends a last "idle" heartbeat.
 
+``section(Section.BACKWARD)`` says where in its step the rank is now (data, forward, backward,
+optimizer, checkpoint, comm); the heartbeats carry it with the wall-clock time the heartbeat
+side first saw the rank in it (at most one heartbeat interval late), so the agent's rules can
+say "rank 5 stuck in backward for 60 s" with a bound learned from how long that section
+usually takes. It is one attribute store: no clock read, no lock, no send (the heartbeat
+thread tells one section instance from the next by the section and the last step). ``step()`` ends the section (the step is done; the next heartbeat says
+no section until the next ``section()``), and so do ``close()`` and ``end_section()``.
+
 ``checkpoint()`` sends one checkpoint record (written, verified, corrupt, loaded) for the
 agent to publish as a ``checkpoint`` event; ``trainguard_sdk.checkpoint`` calls it.
 
@@ -103,6 +111,9 @@ class StepReporter:
         self.invalid = 0
         self._phase = "init"
         self._phase_mark = self._tail()  # the (step, time) bytes when the phase was set
+        self._section: wire.Section | None = None  # set by section(), cleared by step()
+        # the heartbeat side's view: (section, step tail) it last saw, and since when (ns)
+        self._seen: tuple[wire.Section, bytes, int] | None = None  # one reference, whole
         self.heartbeat_interval_s = heartbeat_interval_s
         self._closed = False
         self._stop = threading.Event()
@@ -149,7 +160,20 @@ class StepReporter:
     def connected(self) -> bool:
         return self._link.sock is not None
 
+    @property
+    def section_now(self) -> wire.Section | None:
+        """The section the next heartbeat reports (None: none since the last step)."""
+        return self._section
+
     # -- the hot path -----------------------------------------------------------------------
+
+    def section(self, section: wire.Section) -> None:
+        """The rank enters ``section`` now (until the next ``section()``, ``step()`` or
+        ``end_section()``). Never raises; no clock, no lock, no syscall."""
+        self._section = section
+
+    def end_section(self) -> None:
+        self._section = None
 
     def step(
         self,
@@ -162,7 +186,9 @@ class StepReporter:
         loss: float | None = None,
         shard_offset: int | None = None,
     ) -> bool:
-        """Report one finished step. True if the datagram went to the agent."""
+        """Report one finished step (and end the current section). True if the datagram went
+        to the agent."""
+        self._section = None
         flags = self._id_flags
         if comm_ms is None:
             comm_ms = 0.0
@@ -262,6 +288,7 @@ class StepReporter:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
+        self._section = None
         if os.getpid() == self.pid and self._forked_from is None:
             self._set_phase("idle")
             self._send_heartbeat(self._link, self._hb_buf)
@@ -302,15 +329,29 @@ class StepReporter:
         return bytes(self._buf[wire.STEP_STEP_OFFSET:wire.STEP_FIXED])
 
     def _send_heartbeat(self, link: Link, buf: bytearray) -> bool:
-        step, at_ns = wire.STEP_TAIL.unpack_from(self._buf, wire.STEP_STEP_OFFSET)
+        tail = self._tail()  # before the section: see _section_start
+        step, at_ns = wire.STEP_TAIL.unpack_from(tail)
         phase = self.phase
+        section = self._section
+        now = _time_ns()
+        start_ns = None if section is None else self._section_start(section, tail, now)
         try:
             wire.pack_heartbeat(buf, len(self._job), self.pid, self.rank, self.binding_epoch,
-                                wire.PHASE_INDEX[phase], _time_ns(), step if at_ns else None)
+                                wire.PHASE_INDEX[phase], now, step if at_ns else None,
+                                section, start_ns)
         except Exception:  # cannot happen with checked identity; counted, never raised
             link.dropped += 1
             return False
         return link.send(buf)
+
+    def _section_start(self, section: wire.Section, tail: bytes, now: int) -> int:
+        """When the heartbeat side first saw this section instance: a new (section, last step)
+        is a new instance. The step tail is read before the section, so a step() in between
+        can only split an instance (a later start), never join two."""
+        seen = self._seen
+        if seen is None or seen[0] is not section or seen[1] != tail:
+            seen = self._seen = (section, tail, now)
+        return seen[2]
 
     def _beat(self, interval_s: float) -> None:
         self._send_heartbeat(self._bg_link, self._hb_bg_buf)

@@ -1,4 +1,4 @@
-"""The step-socket datagram format, version 1: fixed little-endian ``struct`` layouts.
+"""The step-socket datagram format, versions 1 and 2: fixed little-endian ``struct`` layouts.
 
 One datagram is one report. Every datagram starts with the same 6-byte header, then a body
 whose layout the kind fixes, then the job id (ASCII, ``job_len`` bytes). A datagram's length
@@ -9,7 +9,7 @@ Header (6 bytes)::
 
     off size  field
     0   2     magic      b"TG"
-    2   1     version    1
+    2   1     version    1, or 2 for a heartbeat with a section (below)
     3   1     kind       1 = step report, 2 = heartbeat, 3 = checkpoint
     4   1     job_len    1..128 (bytes of the trailing job id)
     5   1     reserved   0
@@ -46,6 +46,14 @@ Heartbeat body (32 bytes; datagram = 38 + job_len)::
     22  8  u64 event_time_ns
     30  8  u64 step           (flag)
 
+Heartbeat body, version 2 (40 bytes; datagram = 46 + job_len): version 1's, then::
+
+    38  8  u64 section_start_ns  (flag HB_SECTION) wall clock when the sender first saw the
+                                 rank in this section instance (the reporter: its first
+                                 heartbeat in it, at most one interval after it was
+                                 entered); the section's index travels in byte 21 (the
+                                 reserved byte of version 1): an index into SECTIONS
+
 Checkpoint body (92 bytes + path + reason; datagram = 98 + path_len + reason_len + job_len)::
 
     6   4  u32 pid            0 = unknown
@@ -81,6 +89,11 @@ job id is written once at the tail. The heartbeat thread reads the last (step, t
 from that buffer (``STEP_TAIL`` at ``STEP_STEP_OFFSET``), so ``step()`` stores nothing else; a
 pack that fails zeroes the variable part, so heartbeats carry no step until the next good one.
 
+Version 2 changes only the heartbeat: a sender sends heartbeats as version 2 and step and
+checkpoint reports as version 1 (their layouts are unchanged), so an agent that knows only
+version 1 still takes every step and checkpoint report and counts only heartbeats as
+``bad_version``; a version-1 heartbeat decodes here with ``section`` None.
+
 Version rules. A new field in an existing kind means a new version: receivers accept every
 version they know and count the others as ``bad_version``. A new *kind* is additive within a
 version (kind 3, checkpoint, came after 1 and 2 in version 1): a receiver that predates it
@@ -98,10 +111,13 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Final, Literal, Union
 
 MAGIC: Final = b"TG"
-VERSION: Final = 1
+VERSION: Final = 1  # step and checkpoint reports
+HEARTBEAT_VERSION: Final = 2  # heartbeats (version 1 heartbeats are still decoded)
+VERSIONS: Final = frozenset({1, 2})
 KIND_STEP: Final = 1
 KIND_HEARTBEAT: Final = 2
 KIND_CHECKPOINT: Final = 3
@@ -121,6 +137,22 @@ Phase = Literal["init", "step", "data", "checkpoint", "idle"]
 PHASES: Final[tuple[Phase, ...]] = ("init", "step", "data", "checkpoint", "idle")
 PHASE_INDEX: Final[dict[str, int]] = {p: i for i, p in enumerate(PHASES)}
 
+
+
+class Section(IntEnum):
+    """Where in its step a rank is (``StepReporter.section``); the value is what travels.
+    COMM: waiting for the gradient exchange after the last bucket was handed to it."""
+
+    DATA = 0
+    FORWARD = 1
+    BACKWARD = 2
+    OPTIMIZER = 3
+    CHECKPOINT = 4
+    COMM = 5
+
+
+SECTIONS: Final[tuple[Section, ...]] = tuple(Section)
+
 HEADER: Final = struct.Struct("<2sBBBB")
 STEP_ID: Final = struct.Struct("<IIIIIII")  # pid rank world dp pp tp epoch
 # flags samples shard compute comm wait step_ms loss step time_ns
@@ -131,7 +163,9 @@ STEP_VAR_OFFSET: Final = HEADER.size + STEP_ID.size
 STEP_FIXED: Final = STEP_VAR_OFFSET + STEP_VAR.size
 STEP_STEP_OFFSET: Final = STEP_FIXED - 16  # (step, event_time_ns): what heartbeats read
 STEP_TAIL: Final = struct.Struct("<QQ")
-HEARTBEAT_FIXED: Final = HEARTBEAT.size
+HEARTBEAT_V1_FIXED: Final = HEARTBEAT.size
+HEARTBEAT2: Final = struct.Struct("<2sBBBBIIIHBBQQQ")  # version 2: + section_start_ns
+HEARTBEAT_FIXED: Final = HEARTBEAT2.size
 # header .. event_time_ns, then the digest, then the two lengths
 CHECKPOINT: Final = struct.Struct("<2sBBBBIIIHBBQQQdQ32sHH")
 CHECKPOINT_FIXED: Final = CHECKPOINT.size
@@ -148,7 +182,9 @@ STEP_LOSS: Final = 1 << 7
 STEP_FLAGS_KNOWN: Final = (1 << 8) - 1
 # Heartbeat presence flags.
 HB_STEP: Final = 1 << 0
+HB_SECTION: Final = 1 << 1  # version 2 only
 HB_FLAGS_KNOWN: Final = HB_STEP
+HB2_FLAGS_KNOWN: Final = HB_STEP | HB_SECTION
 # Checkpoint presence flags.
 CK_SHA256: Final = 1 << 0
 CK_SIZE: Final = 1 << 1
@@ -204,6 +240,8 @@ class HeartbeatFrame:
     step: int | None = None
     binding_epoch: int = 0
     pid: int | None = None
+    section: Section | None = None
+    section_start: int | None = None  # microseconds, like event_time; set with section
 
 
 @dataclass(frozen=True)
@@ -285,20 +323,44 @@ def encode_heartbeat(f: HeartbeatFrame) -> bytes:
     job = check_job_id(f.job_id)
     if f.phase not in PHASE_INDEX:
         raise ValueError(f"phase {f.phase!r}: one of {PHASES}")
+    if (f.section is None) != (f.section_start is None):
+        raise ValueError("section and section_start: both set or both None")
+    if f.section is not None and f.section not in SECTIONS:
+        raise ValueError(f"section {f.section!r}: one of {[s.name for s in SECTIONS]}")
     buf = bytearray(HEARTBEAT_FIXED + len(job))
     pack_heartbeat(buf, len(job), f.pid or 0, f.rank, f.binding_epoch, PHASE_INDEX[f.phase],
-                   f.event_time * 1000, f.step)
+                   f.event_time * 1000, f.step, f.section,
+                   None if f.section_start is None else f.section_start * 1000)
     buf[HEARTBEAT_FIXED:] = job
     return bytes(buf)
 
 
-def pack_heartbeat(buf: bytearray, job_len: int, pid: int, rank: int, binding_epoch: int,
-                   phase: int, event_time_ns: int, step: int | None) -> None:
-    """Pack a heartbeat's fixed part into ``buf`` (whose tail already holds the job id)."""
+def encode_heartbeat_v1(f: HeartbeatFrame) -> bytes:
+    """A version-1 heartbeat (no section): what trainers before version 2 sent; for tests."""
+    job = check_job_id(f.job_id)
     try:
-        HEARTBEAT.pack_into(buf, 0, MAGIC, VERSION, KIND_HEARTBEAT, job_len, 0, pid, rank,
-                            binding_epoch, 0 if step is None else HB_STEP, phase, 0,
-                            event_time_ns, step or 0)
+        head = HEARTBEAT.pack(MAGIC, 1, KIND_HEARTBEAT, len(job), 0, f.pid or 0, f.rank,
+                              f.binding_epoch, 0 if f.step is None else HB_STEP,
+                              PHASE_INDEX[f.phase], 0, f.event_time * 1000, f.step or 0)
+    except (struct.error, KeyError) as exc:
+        raise ValueError(str(exc)) from None
+    return head + job
+
+
+def pack_heartbeat(buf: bytearray, job_len: int, pid: int, rank: int, binding_epoch: int,
+                   phase: int, event_time_ns: int, step: int | None,
+                   section: int | None = None, section_start_ns: int | None = None) -> None:
+    """Pack a version-2 heartbeat's fixed part into ``buf`` (whose tail already holds the job
+    id). ``section`` is sent only with its ``section_start_ns``."""
+    flags = 0 if step is None else HB_STEP
+    if section is not None and section_start_ns is not None:
+        flags |= HB_SECTION
+    else:
+        section, section_start_ns = 0, 0
+    try:
+        HEARTBEAT2.pack_into(buf, 0, MAGIC, HEARTBEAT_VERSION, KIND_HEARTBEAT, job_len, 0, pid,
+                             rank, binding_epoch, flags, phase, section, event_time_ns,
+                             step or 0, section_start_ns)
     except struct.error as exc:
         raise ValueError(str(exc)) from None
 
@@ -350,12 +412,12 @@ def decode(data: Bytes) -> Frame:
     magic, version, kind, job_len, _ = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise WireError("bad_magic", repr(bytes(magic)))
-    if version != VERSION:
+    if version not in VERSIONS or (version == 2 and kind != KIND_HEARTBEAT):
         raise WireError("bad_version", str(version))
     if kind == KIND_STEP:
         fixed = STEP_FIXED
     elif kind == KIND_HEARTBEAT:
-        fixed = HEARTBEAT_FIXED
+        fixed = HEARTBEAT_FIXED if version == 2 else HEARTBEAT_V1_FIXED
     elif kind == KIND_CHECKPOINT:
         return _decode_checkpoint(data, n, job_len)
     else:
@@ -365,7 +427,7 @@ def decode(data: Bytes) -> Frame:
     job_id = _job(data, fixed, n)
     if kind == KIND_STEP:
         return _decode_step(data, job_id)
-    return _decode_heartbeat(data, job_id)
+    return _decode_heartbeat(data, job_id, version)
 
 
 def _job(data: Bytes, start: int, end: int) -> str:
@@ -399,16 +461,29 @@ def _decode_step(data: Bytes, job_id: str) -> StepFrame:
     )
 
 
-def _decode_heartbeat(data: Bytes, job_id: str) -> HeartbeatFrame:
-    (_, _, _, _, _, pid, rank, epoch, flags, phase, _, event_time,
-     step) = HEARTBEAT.unpack_from(data, 0)
-    if flags & ~HB_FLAGS_KNOWN:
-        raise WireError("bad_flags", hex(flags))
+def _decode_heartbeat(data: Bytes, job_id: str, version: int) -> HeartbeatFrame:
+    section: Section | None = None
+    section_start: int | None = None
+    if version == 2:
+        (_, _, _, _, _, pid, rank, epoch, flags, phase, sec, event_time, step,
+         start_ns) = HEARTBEAT2.unpack_from(data, 0)
+        if flags & ~HB2_FLAGS_KNOWN:
+            raise WireError("bad_flags", hex(flags))
+        if flags & HB_SECTION:
+            if sec >= len(SECTIONS):
+                raise WireError("bad_section", str(sec))
+            section, section_start = SECTIONS[sec], start_ns // 1000
+    else:
+        (_, _, _, _, _, pid, rank, epoch, flags, phase, _, event_time,
+         step) = HEARTBEAT.unpack_from(data, 0)
+        if flags & ~HB_FLAGS_KNOWN:
+            raise WireError("bad_flags", hex(flags))
     if phase >= len(PHASES):
         raise WireError("bad_phase", str(phase))
     return HeartbeatFrame(job_id=job_id, event_time=event_time // 1000, rank=rank,
                           phase=PHASES[phase], step=step if flags & HB_STEP else None,
-                          binding_epoch=epoch, pid=pid or None)
+                          binding_epoch=epoch, pid=pid or None, section=section,
+                          section_start=section_start)
 
 
 def _decode_checkpoint(data: Bytes, n: int, job_len: int) -> CheckpointFrame:

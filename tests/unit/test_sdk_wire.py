@@ -36,6 +36,8 @@ heartbeat_frames = st.builds(
     wire.HeartbeatFrame, job_id=JOB, event_time=TIME, rank=U32,
     phase=st.sampled_from(wire.PHASES), step=st.none() | U64, binding_epoch=U32,
     pid=st.none() | st.integers(1, wire.U32_MAX))
+sectioned = st.tuples(heartbeat_frames, st.none() | st.tuples(st.sampled_from(wire.SECTIONS),
+                                                               TIME))
 
 
 def bits(frame: wire.Frame) -> tuple[Any, ...]:
@@ -58,6 +60,24 @@ def test_heartbeat_round_trip_is_exact(frame: wire.HeartbeatFrame) -> None:
     data = wire.encode_heartbeat(frame)
     assert len(data) == wire.HEARTBEAT_FIXED + len(frame.job_id)
     assert wire.decode(data) == frame
+    old = wire.encode_heartbeat_v1(frame)  # what a version-1 trainer sends: decodes the same
+    assert len(old) == wire.HEARTBEAT_V1_FIXED + len(frame.job_id)
+    assert wire.decode(old) == frame
+
+
+@settings(max_examples=200, deadline=None)
+@given(sectioned)
+def test_sectioned_heartbeat_round_trip_is_exact(
+        case: tuple[wire.HeartbeatFrame, tuple[wire.Section, int] | None]) -> None:
+    frame, sec = case
+    if sec is not None:
+        frame = dataclasses.replace(frame, section=sec[0], section_start=sec[1])
+    assert wire.decode(wire.encode_heartbeat(frame)) == frame
+
+
+def test_sections_are_the_heartbeat_sections() -> None:
+    from trainguard.events.payloads import Section
+    assert [s.name.lower() for s in wire.SECTIONS] == [s.value for s in Section]
 
 
 def test_nan_and_infinities_survive() -> None:
@@ -104,7 +124,7 @@ def test_malformed_kinds() -> None:
     cases = {
         "bad_length": [b"", b"TG", good + b"x", good[:-1]],
         "bad_magic": [b"XX" + good[2:]],
-        "bad_version": [good[:2] + bytes([2]) + good[3:]],
+        "bad_version": [good[:2] + bytes([2]) + good[3:], good[:2] + bytes([3]) + good[3:]],
         "bad_kind": [good[:3] + bytes([7]) + good[4:]],
         "bad_job_id": [good[:-5] + b"\xff-1-x", good[:-5] + b"-job1"],
         "bad_flags": [good[:34] + struct.pack("<H", 1 << 12) + good[36:]],
@@ -121,7 +141,7 @@ def test_layout_offsets_match_the_docstring() -> None:
     assert wire.HEADER.size == 6
     assert wire.STEP_VAR_OFFSET == 34
     assert wire.STEP_FIXED == 108
-    assert wire.HEARTBEAT_FIXED == 38
+    assert wire.HEARTBEAT_FIXED == 46 and wire.HEARTBEAT_V1_FIXED == 38
     assert wire.STEP_STEP_OFFSET == 92
     assert wire.MAX_DATAGRAM > wire.STEP_FIXED + wire.MAX_JOB_LEN
 

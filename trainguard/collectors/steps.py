@@ -49,11 +49,19 @@ from trainguard_sdk.paths import default_socket_path
 
 from trainguard.collectors.base import Discrete, Reading
 from trainguard.events.envelope import Subject
-from trainguard.events.payloads import CheckpointAction, CheckpointEvent, Heartbeat, StepReport
+from trainguard.events.payloads import (
+    CheckpointAction,
+    CheckpointEvent,
+    Heartbeat,
+    Section,
+    StepReport,
+)
 
 log = logging.getLogger(__name__)
 
 MAX_EVENT_TIME: Final = 2**53
+# the wire's section index -> the contract's Section (same order; a unit test keeps them equal)
+_SECTIONS: Final = {w: Section(w.name.lower()) for w in wire.SECTIONS}
 QLEN_SYSCTL: Final = Path("/proc/sys/net/unix/max_dgram_qlen")
 QLEN_WARN_BELOW: Final = 64
 
@@ -206,9 +214,11 @@ class StepReceiver:
                     pid=frame.pid)
                 seen = RankSeen(frame.event_time, "step", frame.step, frame.pid, "step")
             else:
-                payload = Heartbeat(rank=frame.rank, binding_epoch=frame.binding_epoch,
-                                    step=frame.step, phase=frame.phase,
-                                    pid=frame.pid)
+                payload = Heartbeat(
+                    rank=frame.rank, binding_epoch=frame.binding_epoch, step=frame.step,
+                    phase=frame.phase, pid=frame.pid,
+                    section=None if frame.section is None else _SECTIONS[frame.section],
+                    section_start=frame.section_start)
                 seen = RankSeen(frame.event_time, "heartbeat", frame.step, frame.pid,
                                 frame.phase)
         except ValidationError as exc:

@@ -186,12 +186,37 @@ class StepReport(Payload):
     pid: Annotated[int, Field(gt=0)] | None = None
 
 
+class Section(StrEnum):
+    """Where in its step a rank is (the SDK's ``Section``; the wire carries the index of this
+    order): data loading, forward, backward, optimizer step, checkpoint save, or waiting in the
+    gradient exchange after its last bucket (``comm``, told by the SDK's DDP ``StepTimer``)."""
+
+    DATA = "data"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    CHECKPOINT = "checkpoint"
+    COMM = "comm"
+
+
 class Heartbeat(Payload):
+    """v2 adds ``section`` and ``section_start`` (the trainer's wall-clock time, µs, its first
+    heartbeat in this instance of the section was sent: at most one heartbeat interval after it
+    entered it): both set or both absent. ``step`` is the last step the rank finished."""
+
     rank: Count
     binding_epoch: Count = 0
     step: Count | None = None
     phase: Literal["step", "data", "checkpoint", "init", "idle"] = "step"
     pid: Annotated[int, Field(gt=0)] | None = None
+    section: Section | None = None
+    section_start: TimeUs | None = None
+
+    @model_validator(mode="after")
+    def _section_with_start(self) -> Heartbeat:
+        if (self.section is None) != (self.section_start is None):
+            raise ValueError("section and section_start: both set or both absent")
+        return self
 
 
 class ProcessExit(Payload):
@@ -251,6 +276,7 @@ class VerdictKind(StrEnum):
     JOB_SLOWDOWN = "job_slowdown"
     STAGE_IMBALANCE = "stage_imbalance"
     RANK_SILENT = "rank_silent"
+    RANK_STUCK = "rank_stuck"  # alive, but in one section of its step past its learned bound
     PROCESS_EXIT = "process_exit"
     XID_DRAIN = "xid_drain"
     XID_APP = "xid_app"
@@ -283,6 +309,7 @@ VERDICT_CLASSES: Mapping[VerdictKind, VerdictClass] = {
     _K.JOB_SLOWDOWN: _C.INFO,  # the whole job: no rank to move
     _K.STAGE_IMBALANCE: _C.INFO,
     _K.RANK_SILENT: _C.FAILURE,
+    _K.RANK_STUCK: _C.FAILURE,  # a hang, located at the rank: handled as rank_silent is
     _K.PROCESS_EXIT: _C.FAILURE,
     _K.XID_DRAIN: _C.FAILURE,  # the GPU must be drained
     _K.XID_APP: _C.INFO,  # the application's own error

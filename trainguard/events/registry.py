@@ -49,8 +49,9 @@ EVENT_TYPES: tuple[EventType, ...] = (
     EventType("step.report", 2, p.StepReport, TopicRole.TASK, "job",
               "One training step of one rank: timings, data position, loss, binding epoch.",
               ("rank",)),
-    EventType("heartbeat", 1, p.Heartbeat, TopicRole.TASK, "job",
-              "A rank is alive between step reports (long steps, checkpoints, data waits).",
+    EventType("heartbeat", 2, p.Heartbeat, TopicRole.TASK, "job",
+              "A rank is alive between step reports (long steps, checkpoints, data waits); "
+              "v2: the section of its step it is in, and since when.",
               ("rank",)),
     EventType("process.exit", 1, p.ProcessExit, TopicRole.TASK, "job",
               "A rank process ended: exit code or signal, and how the exit was seen.",
@@ -97,9 +98,16 @@ def _step_report_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _heartbeat_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2 adds ``section`` and ``section_start``, both absent for a v1 heartbeat (no section
+    was known): nothing to change."""
+    return dict(payload)
+
+
 # (type, from_version) -> function producing the payload of from_version + 1.
 UPCASTERS: Mapping[tuple[str, int], Upcaster] = {
     ("step.report", 1): _step_report_v1_to_v2,
+    ("heartbeat", 1): _heartbeat_v1_to_v2,
 }
 
 

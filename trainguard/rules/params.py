@@ -134,6 +134,18 @@ PARAMS: dict[str, tuple[Param, ...]] = {
         Param("floor_ms", NUM, 60000.0, gt(0), "silence always allowed"),
         Param("check_every_ms", NUM, 1000.0, gt(0), "event-time period of the silence check"),
     ),
+    "section_hang": (
+        Param("k", NUM, 3.0, gt(1), "bound = k x the longest recent duration of the section"),
+        Param("floor_ms", NUM, 20000.0, gt(0), "a learned bound is never below this"),
+        Param("initial_ms", NUM, 300000.0, gt(0),
+              "the bound of a section before min_observations of it ended"),
+        Param("min_observations", int, 10, ge(1), "ended instances before the bound is learned"),
+        Param("checkpoint_initial_ms", NUM, 1800000.0, gt(0),
+              "checkpoint sections: their own initial bound (saves are rare and long)"),
+        Param("checkpoint_min_observations", int, 3, ge(1), ""),
+        Param("window_n", int, 200, ge(1), "recent durations kept per section"),
+        Param("check_every_ms", NUM, 1000.0, gt(0), "event-time period of the check"),
+    ),
     "process_exit": (
         Param("ignore_clean_exit", bool, True, None, "exit code 0 without a signal is no fault"),
     ),

@@ -9,6 +9,7 @@ from trainguard.rules.link import LinkRule
 from trainguard.rules.liveness import LivenessRule, ProcessExitRule
 from trainguard.rules.oom import OomKillRule
 from trainguard.rules.outlier import HwOutlierRule
+from trainguard.rules.sections import SectionHangRule
 from trainguard.rules.slowdown import JobSlowdownRule, StageImbalanceRule
 from trainguard.rules.starvation import DataStarvationRule
 from trainguard.rules.straggler import StragglerRule
@@ -20,6 +21,7 @@ EVALUATORS: dict[str, type[RuleBase]] = {
     "job_slowdown": JobSlowdownRule,
     "stage_imbalance": StageImbalanceRule,
     "liveness": LivenessRule,
+    "section_hang": SectionHangRule,
     "process_exit": ProcessExitRule,
     "xid": XidRule,
     "link": LinkRule,

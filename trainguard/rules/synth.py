@@ -20,6 +20,7 @@ from trainguard.events.payloads import (
     PoolUnit,
     ProcessExit,
     ProcessSample,
+    Section,
     StepReport,
     UnitState,
 )
@@ -44,6 +45,15 @@ def step_report(job: str, rank: int, step: int, t: int, compute_ms: float, *,
 def heartbeat(job: str, rank: int, t: int, epoch: int = 0) -> Event:
     return make_event(Heartbeat(rank=rank, binding_epoch=epoch),
                       event_id=derived_id("synth-hb", job, rank, t, *((epoch,) if epoch else ())),
+                      job_id=job, event_time=t, source=SRC, subject=Subject(rank=rank))
+
+
+def section_heartbeat(job: str, rank: int, t: int, section: Section | None, start: int | None,
+                      *, step: int | None = None, epoch: int = 0) -> Event:
+    """A v2 heartbeat: ``rank`` in ``section`` since ``start`` (None: in no section)."""
+    return make_event(Heartbeat(rank=rank, binding_epoch=epoch, step=step, section=section,
+                                section_start=start),
+                      event_id=derived_id("synth-shb", job, rank, t, epoch),
                       job_id=job, event_time=t, source=SRC, subject=Subject(rank=rank))
 
 

@@ -39,6 +39,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Final, NoReturn
 
+from trainguard_sdk.wire import Section
+
 EXIT_OK: Final = 0
 EXIT_USAGE: Final = 2
 EXIT_PEER_LOST: Final = 3
@@ -76,6 +78,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rendezvous-timeout-s", type=float, default=300.0,
                     help="how long to wait for every rank to join (exit 3 after it)")
     ap.add_argument("--cpu", action="store_true", help="gloo on CPU even when CUDA exists")
+    ap.add_argument("--stall", default=None, metavar="SECTION:STEP:SECONDS",
+                    help="a drill: sleep SECONDS inside SECTION (data, forward, backward, "
+                         "optimizer) of step STEP, heartbeats going on")
     return ap
 
 
@@ -100,6 +105,10 @@ def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         ap.error("--ckpt-every >= 0 and --keep >= 1")
     if not args.timeout_s > 0 or not args.rendezvous_timeout_s > 0 or args.step_ms < 0:
         ap.error("--timeout-s > 0, --rendezvous-timeout-s > 0 and --step-ms >= 0")
+    try:
+        _stall(args.stall)
+    except ValueError as exc:
+        ap.error(str(exc))
     return ident.binding_epoch
 
 
@@ -214,11 +223,17 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     # This rank's own compute, with DDP's overlap of backward and gradient exchange kept: the
     # timer's communication hook notes when this rank's last gradient bucket became ready
     # (compute ends there; the wait for the slowest peer is comm, not compute).
-    timer = StepTimer(ddp)
+    # The reporter's heartbeats say which section of the step the rank is in (the timer enters
+    # "comm" when this rank's last bucket is ready: from there it waits for its peers).
+    timer = StepTimer(ddp, reporter=reporter)
     loss_fn = torch.nn.CrossEntropyLoss()
     global_batch = args.batch * world
+    stall = _stall(args.stall)
+    section = reporter.section
     while step < args.steps:
         t0 = time.perf_counter()
+        section(Section.DATA)
+        _maybe_stall(stall, Section.DATA, step + 1)
         start, count = stream.rank_slice(position, rank, args.batch)
         x, y = stream.batch(start, count)
         x, y = x.to(device), y.to(device)
@@ -226,8 +241,14 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
         try:
             timer.start()
             optimizer.zero_grad(set_to_none=True)
+            section(Section.FORWARD)
+            _maybe_stall(stall, Section.FORWARD, step + 1)
             loss = loss_fn(ddp(x), y)
+            section(Section.BACKWARD)
+            _maybe_stall(stall, Section.BACKWARD, step + 1)
             loss.backward()  # the gradient exchange: fails or times out when a peer is lost
+            section(Section.OPTIMIZER)
+            _maybe_stall(stall, Section.OPTIMIZER, step + 1)
             optimizer.step()
             loss_value = float(loss.item())
         except RuntimeError as exc:
@@ -252,6 +273,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
             leave(EXIT_PEER_LOST, f"lost a peer at step {step}: {exc}")
         if due:
             reporter.heartbeat("checkpoint")
+            section(Section.CHECKPOINT)
             try:
                 manager.save(step, position, model, optimizer,
                              extra={"seed": args.seed, "batch": args.batch})
@@ -259,6 +281,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
                 leave(EXIT_CKPT_WRITE, f"cannot write the checkpoint of step {step}: {exc}")
             except RuntimeError as exc:
                 leave(EXIT_PEER_LOST, f"lost a peer while checkpointing step {step}: {exc}")
+            reporter.end_section()
             progress.write("checkpoint", step=step, samples_consumed=position)
     manager.close()
     progress.write("exit", code=EXIT_OK, reason="done")
@@ -266,6 +289,31 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     reporter.close()
     dist.destroy_process_group()
     return EXIT_OK
+
+
+Stall = tuple[Section, int, float]
+_STALLABLE = ("data", "forward", "backward", "optimizer")
+
+
+def _stall(spec: str | None) -> Stall | None:
+    """``--stall SECTION:STEP:SECONDS``; ValueError naming the part that is wrong."""
+    if spec is None:
+        return None
+    parts = spec.split(":")
+    if len(parts) != 3 or parts[0] not in _STALLABLE:
+        raise ValueError(f"--stall {spec!r}: SECTION:STEP:SECONDS, SECTION one of {_STALLABLE}")
+    try:
+        step, seconds = int(parts[1]), float(parts[2])
+    except ValueError:
+        raise ValueError(f"--stall {spec!r}: STEP an integer, SECONDS a number") from None
+    if step < 1 or not seconds >= 0:
+        raise ValueError(f"--stall {spec!r}: STEP >= 1 and SECONDS >= 0")
+    return Section[parts[0].upper()], step, seconds
+
+
+def _maybe_stall(stall: Stall | None, section: Section, step: int) -> None:
+    if stall is not None and stall[0] == section and stall[1] == step:
+        time.sleep(stall[2])
 
 
 def run_and_exit(argv: list[str] | None = None) -> NoReturn:

@@ -22,9 +22,12 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from trainguard_sdk.wire import Section
 
 
 def parser() -> argparse.ArgumentParser:
@@ -83,6 +86,10 @@ def _fork_all(args: argparse.Namespace) -> int:
     return worst
 
 
+def _no_section(_section: Section) -> None:
+    """Without the SDK: the same call in the loop, doing nothing."""
+
+
 def _run(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
@@ -110,12 +117,14 @@ def _run(args: argparse.Namespace) -> int:
     ddp = DistributedDataParallel(model, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     timer = reporter = None
+    section: Callable[[Section], None] = _no_section
     if args.sdk:
         from trainguard_sdk import StepReporter
         from trainguard_sdk.ddp import StepTimer
 
-        timer = StepTimer(ddp)
         reporter = StepReporter(args.job_id, args.rank, args.world_size, dp_rank=args.rank)
+        timer = StepTimer(ddp, reporter=reporter)  # enters "comm" at the last bucket
+        section = reporter.section
     g = torch.Generator().manual_seed(args.rank)
     x = torch.randn(args.batch, 32, generator=g)
     y = torch.randint(0, 4, (args.batch,), generator=g)
@@ -129,9 +138,12 @@ def _run(args: argparse.Namespace) -> int:
         if timer is not None:
             timer.start()
         opt.zero_grad(set_to_none=True)
+        section(Section.FORWARD)
         loss = loss_fn(ddp(x), y)
+        section(Section.BACKWARD)
         loss.backward()
         t1 = time.perf_counter()
+        section(Section.OPTIMIZER)
         opt.step()
         line: dict[str, Any] = {"step": step, "naive_ms": (t1 - t0) * 1000}
         if timer is not None and reporter is not None:
@@ -141,6 +153,7 @@ def _run(args: argparse.Namespace) -> int:
                               comm_ms=t.comm_ms, step_ms=t.step_ms)
                 line.update(compute_ms=t.compute_ms, comm_ms=t.comm_ms, step_ms=t.step_ms,
                             buckets=t.buckets, spread_ms=t.bucket_spread_ms)
+        line["wall_ms"] = (time.perf_counter() - t0) * 1000  # the whole step, either variant
         if out is not None:
             out.write(json.dumps(line) + "\n")
     loop_s = time.perf_counter() - t_loop
