@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,11 +196,33 @@ def _real_cases() -> list[Case]:
         _alibaba_case(1, (Expect("straggler", 6, 1750, 1870, 1810),),
                       "real: worker 6 slow ~1810-1940"),
         _alibaba_case(2, (), "real: stable, workers differ a little"),
+        # worker 9 is labelled by the dataset's own criterion (README: "comparing each worker
+        # with the per-iteration median of all workers"), applied as it was to worker 8: from
+        # ~2270 to the end its time over that median is 1.148x (median; 82 % of samples over
+        # 1.1x) against worker 8's 1.124x (64 %), both ~1.18x their own earlier level; no other
+        # worker exceeds 1.02x. The README lists 6, 7 "and later 8"; 9 slows at the same time
+        # as 8 and by as much (tests/unit/test_quality_labels.py recomputes this from the CSV).
         _alibaba_case(3, (Expect("straggler", 6, 2130, 2250, 2190),
                           Expect("straggler", 7, 2130, 2250, 2190),
-                          Expect("straggler", 8, 2200, 2330, 2260)),
-                      "real: workers 6, 7 from ~2190, 8 later"),
+                          Expect("straggler", 8, 2200, 2330, 2260),
+                          Expect("straggler", 9, 2200, 2330, 2260)),
+                      "real: workers 6, 7 from ~2190, 8 and 9 later"),
     ]
+
+
+def alibaba_ratios(job: int) -> dict[int, dict[int, float]]:
+    """The dataset's labelling view of a job: iteration -> worker -> its mini-batch time over
+    the per-iteration median of all workers."""
+    by: dict[int, dict[int, float]] = {}
+    with (ALIBABA / f"job_{job}_norm.csv").open() as f:
+        for row in csv.DictReader(f):
+            by.setdefault(int(row["time"]), {})[int(row["worker"])] = \
+                float(row["batch_time_norm"])
+    out: dict[int, dict[int, float]] = {}
+    for it, row in by.items():
+        med = statistics.median(row.values())
+        out[it] = {w: v / med for w, v in row.items()}
+    return out
 
 
 def _synthetic_cases() -> list[Case]:
