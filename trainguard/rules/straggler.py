@@ -70,7 +70,7 @@ def stage_of(report: StepReport) -> str:
 L, MS, PEER, LEVEL, STEP, TIME, BURST, JUDGED = range(8)
 
 
-@dataclass
+@dataclass(slots=True)
 class RankState:
     """One rank's straggler state (JSON via ``doc``/``from_doc``)."""
 
@@ -92,7 +92,7 @@ class RankState:
     open_steps: int = 0  # steps judged since the verdict opened
 
     def doc(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> RankState:
@@ -211,19 +211,26 @@ class StragglerRule(RuleBase):
                     steps.reset(group)
             return []
         rep = cast(StepReport, payload)
-        stage = stage_of(rep)
-        group = self.s["groups"].get(stage)
+        s = self.s
+        stage = "-" if rep.pp_stage is None else str(rep.pp_stage)  # stage_of
+        groups = s["groups"]
+        group = groups.get(stage)
         if group is None:
-            group = self.s["groups"][stage] = steps.new_group()
+            group = groups[stage] = steps.new_group()
         rank = str(rep.rank)
-        seen = self.s.setdefault("seen", {})
+        seen = s.get("seen")
+        if seen is None:
+            seen = s["seen"] = {}
         if rank not in seen:
             seen[rank] = True
-            self.s.setdefault("settle", {})[rank] = self.q.warmup_steps
-        if event.subject.node is not None:
-            self.s["node"][rank] = event.subject.node
+            s.setdefault("settle", {})[rank] = self.q.warmup_steps
+        node = event.subject.node
+        if node is not None:
+            s["node"][rank] = node
         closed = steps.add(group, rank, rep.step, rep.compute_ms, event.event_time,
                            self.q.close_lag_steps)
+        if not closed:
+            return []
         out: list[Event] = []
         for step, row in closed:
             out.extend(self._judge(stage, step, row))
