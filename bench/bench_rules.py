@@ -149,7 +149,8 @@ def main() -> None:
 
     names = ("mixed", "step reports", "straggler alone")
     print("replay rate after/main: " + ", ".join(
-        f"{n} {a / m:.2f}x" for n, a, m in zip(names, rates["after"], rates["main"])))
+        f"{n} {a / m:.2f}x" for n, a, m in zip(names, rates["after"], rates["main"],
+                                                     strict=True)))
 
     for label, rs, ctx in variants(rules):
         if label == "main":

@@ -27,10 +27,11 @@ ALIBABA_ITER_US = 100_000  # made-up time axis: 100 ms per iteration, workers 1 
 @dataclass(frozen=True)
 class Expect:
     kind: str
-    rank: int
+    rank: int | None  # None: a verdict not at a rank (a node, a GPU, the job)
     onset_lo: int  # the verdict's onset step must lie in [onset_lo, onset_hi]
     onset_hi: int
     true_onset: int  # the step the fault began: time-to-verdict counts from here
+    node: str | None = None  # the verdict's subject node, where the case says which
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,14 @@ def _big() -> list[Event]:
     return generate("big", 2048, 50, speed, stages=4, noise=0.1, seed=108)
 
 
+def _huge() -> list[Event]:
+    """dp x pp x tp = 128 x 16 x 8 = 16,384 ranks (16 stages of 1,024): rank 12345 runs 2x
+    from step 24 (the 20 steps of warm-up and learning done); 30 steps keep the suite short."""
+    def speed(rank: int, step: int, rng: random.Random) -> float:
+        return 2.0 if rank == 12345 and step >= 24 else 1.0
+    return generate("huge", 16384, 30, speed, stages=16, noise=0.1, seed=140)
+
+
 def _alibaba(job: int) -> list[Event]:
     events = []
     with (ALIBABA / f"job_{job}_norm.csv").open() as f:
@@ -187,8 +196,10 @@ def _late_case(factor: float, seed: int) -> Case:
 def all_cases() -> list[Case]:
     """The suite, in table order. The Alibaba traces live in the source tree's test fixtures
     (tests/fixtures/alibaba): left out where they are not (an installed package)."""
+    from trainguard.quality.captured import captured_cases  # captured data: its own module
+
     real = _real_cases() if ALIBABA.is_dir() else []
-    return [*real, *_synthetic_cases()]
+    return [*real, *captured_cases(), *_synthetic_cases()]
 
 
 def _real_cases() -> list[Case]:
@@ -219,9 +230,9 @@ def alibaba_ratios(job: int) -> dict[int, dict[int, float]]:
             by.setdefault(int(row["time"]), {})[int(row["worker"])] = \
                 float(row["batch_time_norm"])
     out: dict[int, dict[int, float]] = {}
-    for it, row in by.items():
-        med = statistics.median(row.values())
-        out[it] = {w: v / med for w, v in row.items()}
+    for it, times in by.items():
+        med = statistics.median(times.values())
+        out[it] = {w: v / med for w, v in times.items()}
     return out
 
 
@@ -247,6 +258,8 @@ def _synthetic_cases() -> list[Case]:
              note="2% CPU quota: rank 2 stalls 100x one step in 5 from 60"),
         Case("big-2048", _big, (Expect("straggler", 1500, 38, 46, 40),),
              note="dp64 x pp4 x tp8; rank 1500 2x from 40"),
+        Case("huge-16384", _huge, (Expect("straggler", 12345, 22, 28, 24),),
+             note="dp128 x pp16 x tp8; rank 12345 2x from 24", tags=("large",)),
     ]
 
 
