@@ -5,8 +5,9 @@
 Prints figures; nothing is asserted (targets: >= 500k samples/s, <= 5 steps at 1.5x, 0 false
 verdicts over 100k rank-steps with +-10% and +-20% noise and with a rotating slowest rank). A
 step report is one sample; a telemetry record counts one sample per GPU. Each figure is printed
-for the straggler rule as it was before issue 14 ("before", bench/legacy_straggler.py) and as it
-is ("after"), in the same run.
+for the straggler rule as it was before issue 14 ("before", bench/legacy_straggler.py), as it was
+on main before the replay-rate work ("main", bench/main_straggler.py: same output, byte for
+byte) and as it is ("after"), in the same run; the ratios after/main close the run.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import orjson
 
-from bench.legacy import legacy_ruleset, legacy_straggler
+from bench.legacy import legacy_ruleset, legacy_straggler, main_straggler
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeTelemetry, StepReport, Verdict
 from trainguard.rules import RuleEngine, RuleSet, load_default_rules, replay
@@ -119,6 +120,7 @@ def snapshot_cost(events: list[Event], rules: RuleSet, reps: int = 50) -> tuple[
 
 def variants(rules: RuleSet) -> list[tuple[str, RuleSet, AbstractContextManager[None]]]:
     return [("before", legacy_ruleset(rules), legacy_straggler()),
+            ("main", rules, main_straggler()),
             ("after", rules, nullcontext())]
 
 
@@ -128,13 +130,15 @@ def main() -> None:
     mixed = mixed_log(ranks=32, steps=1500, nodes=4)
     steps_only = [e for e in mixed if isinstance(e.payload, StepReport)]
     tele_only = [e for e in mixed if isinstance(e.payload, NodeTelemetry)]
+    rates: dict[str, list[float]] = {}
     for label, rs, ctx in variants(rules):
         with ctx:
             print(f"[{label}] replay rate (all default rules unless said):")
-            rate("mixed: 32 ranks + 4 nodes x 8 GPUs", mixed, rs)
-            rate("step reports only", steps_only, rs)
-            rate("step reports, straggler rule alone", steps_only,
-                 only(rs, lambda k: k == "straggler"))
+            rates[label] = [
+                rate("mixed: 32 ranks + 4 nodes x 8 GPUs", mixed, rs),
+                rate("step reports only", steps_only, rs),
+                rate("step reports, straggler rule alone", steps_only,
+                     only(rs, lambda k: k == "straggler"))]
             if label == "after":
                 rate("telemetry only (8 GPUs/record)", tele_only, rs)
                 rate("step reports, reorder buffer alone (no rules)", steps_only,
@@ -143,7 +147,14 @@ def main() -> None:
                 print(f"  snapshot + orjson.dumps mid-run (mixed job): {us:,.0f} us, "
                       f"{size:,} bytes")
 
+    names = ("mixed", "step reports", "straggler alone")
+    print("replay rate after/main: " + ", ".join(
+        f"{n} {a / m:.2f}x" for n, a, m in zip(names, rates["after"], rates["main"],
+                                                     strict=True)))
+
     for label, rs, ctx in variants(rules):
+        if label == "main":
+            continue  # its verdicts are the same bytes as after's (test_straggler_identity)
         with ctx:
             print(f"[{label}] straggler time-to-verdict (16 ranks, +-10% noise, 7 seeds; "
                   "steps incl. the first):")

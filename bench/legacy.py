@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from bench.legacy_straggler import LegacyStragglerRule
+from bench.main_straggler import MainStragglerRule
 from trainguard.rules import RuleSet
 from trainguard.rules.registry import EVALUATORS
 
@@ -33,6 +34,18 @@ def legacy_straggler() -> Iterator[None]:
     """While inside, the registry builds the old straggler evaluator."""
     new = EVALUATORS["straggler"]
     EVALUATORS["straggler"] = LegacyStragglerRule
+    try:
+        yield
+    finally:
+        EVALUATORS["straggler"] = new
+
+
+@contextmanager
+def main_straggler() -> Iterator[None]:
+    """While inside, the registry builds the straggler rule as it was on main before the
+    replay-rate work (same parameters, same output)."""
+    new = EVALUATORS["straggler"]
+    EVALUATORS["straggler"] = MainStragglerRule
     try:
         yield
     finally:

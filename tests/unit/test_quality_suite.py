@@ -14,21 +14,31 @@ pytestmark = pytest.mark.unit
 RULES = load_default_rules()
 
 
-def test_the_suite_scores_what_the_rules_reach() -> None:
-    scores, totals = score_suite(all_cases(), RULES)
+def test_the_suite_meets_its_targets() -> None:
+    # the 16,384-rank case (~0.5M rank-steps) is scored on its own below
+    scores, totals = score_suite([c for c in all_cases() if "large" not in c.tags], RULES)
     by = {s.case.name: s for s in scores}
-    # every synthetic trap exactly right: each expected verdict found at its onset, no other
+    # the issue's bar: CI fails below precision 0.99 and recall 0.99 over the whole suite
+    assert totals.precision >= 0.99 and totals.recall >= 0.99, \
+        [(s.case.name, s.precision, s.recall, s.false) for s in scores
+         if (s.precision, s.recall) != (1.0, 1.0)]
+    # today every case is exact: each expected verdict found at its onset and subject, no other
     for s in scores:
-        if "real" not in s.case.tags:
-            assert (s.precision, s.recall) == (1.0, 1.0), (s.case.name, s.false)
-    # the real traces: every labelled straggler found; one verdict beyond the labels (Alibaba
-    # job 3, worker 9, slowed like the labelled worker 8: see test_rules_alibaba)
-    assert all(s.recall == 1.0 for s in scores)
-    assert by["alibaba-3"].false == ("straggler 9@2271",)
-    assert totals.recall == 1.0 and totals.precision >= 0.93  # the target is 0.99: see above
+        assert (s.precision, s.recall) == (1.0, 1.0), (s.case.name, s.false)
+    # the suite covers what the issue names: real traces, captured kernel logs, dcgm and
+    # nvidia-smi captures, an external fault feed, and a 16,384-rank layout
+    assert {"alibaba-3", "kmsg-oom-at-ranks", "dcgm-8xH100", "smi-csv-H200-mig",
+            "fault-feed-overlap"} <= set(by)
     # time-to-verdict: a clean rank slowed 1.5x or more is flagged within 4 steps
     assert by["late-1.5x"].ttv == (4,) and by["late-2.0x"].ttv == (4,)
     assert by["big-2048"].ttv == (4,)
+
+
+def test_the_16384_rank_layout() -> None:
+    (case,) = [c for c in all_cases() if c.name == "huge-16384"]
+    s = score_case(case, RULES)
+    assert (s.opened, s.precision, s.recall, s.ttv) == (1, 1.0, 1.0, (4,)), s.false
+    assert s.rank_steps == 16384 * 30
 
 
 def test_the_scorer_counts_misses_and_false_verdicts() -> None:

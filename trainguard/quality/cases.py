@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +27,11 @@ ALIBABA_ITER_US = 100_000  # made-up time axis: 100 ms per iteration, workers 1 
 @dataclass(frozen=True)
 class Expect:
     kind: str
-    rank: int
+    rank: int | None  # None: a verdict not at a rank (a node, a GPU, the job)
     onset_lo: int  # the verdict's onset step must lie in [onset_lo, onset_hi]
     onset_hi: int
     true_onset: int  # the step the fault began: time-to-verdict counts from here
+    node: str | None = None  # the verdict's subject node, where the case says which
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,14 @@ def _big() -> list[Event]:
     return generate("big", 2048, 50, speed, stages=4, noise=0.1, seed=108)
 
 
+def _huge() -> list[Event]:
+    """dp x pp x tp = 128 x 16 x 8 = 16,384 ranks (16 stages of 1,024): rank 12345 runs 2x
+    from step 24 (the 20 steps of warm-up and learning done); 30 steps keep the suite short."""
+    def speed(rank: int, step: int, rng: random.Random) -> float:
+        return 2.0 if rank == 12345 and step >= 24 else 1.0
+    return generate("huge", 16384, 30, speed, stages=16, noise=0.1, seed=140)
+
+
 def _alibaba(job: int) -> list[Event]:
     events = []
     with (ALIBABA / f"job_{job}_norm.csv").open() as f:
@@ -186,8 +196,10 @@ def _late_case(factor: float, seed: int) -> Case:
 def all_cases() -> list[Case]:
     """The suite, in table order. The Alibaba traces live in the source tree's test fixtures
     (tests/fixtures/alibaba): left out where they are not (an installed package)."""
+    from trainguard.quality.captured import captured_cases  # captured data: its own module
+
     real = _real_cases() if ALIBABA.is_dir() else []
-    return [*real, *_synthetic_cases()]
+    return [*real, *captured_cases(), *_synthetic_cases()]
 
 
 def _real_cases() -> list[Case]:
@@ -195,11 +207,33 @@ def _real_cases() -> list[Case]:
         _alibaba_case(1, (Expect("straggler", 6, 1750, 1870, 1810),),
                       "real: worker 6 slow ~1810-1940"),
         _alibaba_case(2, (), "real: stable, workers differ a little"),
+        # worker 9 is labelled by the dataset's own criterion (README: "comparing each worker
+        # with the per-iteration median of all workers"), applied as it was to worker 8: from
+        # ~2270 to the end its time over that median is 1.148x (median; 82 % of samples over
+        # 1.1x) against worker 8's 1.124x (64 %), both ~1.18x their own earlier level; no other
+        # worker exceeds 1.02x. The README lists 6, 7 "and later 8"; 9 slows at the same time
+        # as 8 and by as much (tests/unit/test_quality_labels.py recomputes this from the CSV).
         _alibaba_case(3, (Expect("straggler", 6, 2130, 2250, 2190),
                           Expect("straggler", 7, 2130, 2250, 2190),
-                          Expect("straggler", 8, 2200, 2330, 2260)),
-                      "real: workers 6, 7 from ~2190, 8 later"),
+                          Expect("straggler", 8, 2200, 2330, 2260),
+                          Expect("straggler", 9, 2200, 2330, 2260)),
+                      "real: workers 6, 7 from ~2190, 8 and 9 later"),
     ]
+
+
+def alibaba_ratios(job: int) -> dict[int, dict[int, float]]:
+    """The dataset's labelling view of a job: iteration -> worker -> its mini-batch time over
+    the per-iteration median of all workers."""
+    by: dict[int, dict[int, float]] = {}
+    with (ALIBABA / f"job_{job}_norm.csv").open() as f:
+        for row in csv.DictReader(f):
+            by.setdefault(int(row["time"]), {})[int(row["worker"])] = \
+                float(row["batch_time_norm"])
+    out: dict[int, dict[int, float]] = {}
+    for it, times in by.items():
+        med = statistics.median(times.values())
+        out[it] = {w: v / med for w, v in times.items()}
+    return out
 
 
 def _synthetic_cases() -> list[Case]:
@@ -224,6 +258,8 @@ def _synthetic_cases() -> list[Case]:
              note="2% CPU quota: rank 2 stalls 100x one step in 5 from 60"),
         Case("big-2048", _big, (Expect("straggler", 1500, 38, 46, 40),),
              note="dp64 x pp4 x tp8; rank 1500 2x from 40"),
+        Case("huge-16384", _huge, (Expect("straggler", 12345, 22, 28, 24),),
+             note="dp128 x pp16 x tp8; rank 12345 2x from 24", tags=("large",)),
     ]
 
 

@@ -55,14 +55,15 @@ class Totals:
         return self.found / self.expected if self.expected else 1.0
 
 
-def _matches(e: Expect, kind: str, rank: int | None, onset: int) -> bool:
-    return e.kind == kind and e.rank == rank and e.onset_lo <= onset <= e.onset_hi
+def _matches(e: Expect, kind: str, rank: int | None, node: str | None, onset: int) -> bool:
+    return e.kind == kind and e.rank == rank and e.onset_lo <= onset <= e.onset_hi \
+        and (e.node is None or e.node == node)
 
 
 def score_case(case: Case, rules: RuleSet) -> CaseScore:
     events = sorted_events(case)
     t0 = time.perf_counter()
-    out = replay(events, rules, events[0].job_id)
+    out = replay(events, rules, events[0].job_id if events else case.name)
     seconds = time.perf_counter() - t0
     opened = tp = 0
     first: dict[int, int] = {}  # expectation index -> decided step of its first verdict
@@ -75,13 +76,15 @@ def score_case(case: Case, rules: RuleSet) -> CaseScore:
         opened += 1
         onset = case.step_of(v.first_anomalous_time)
         hit = [i for i, e in enumerate(case.expect)
-               if _matches(e, v.kind, ev.subject.rank, onset)]
+               if _matches(e, v.kind, ev.subject.rank, ev.subject.node, onset)]
         if hit:
             tp += 1
             for i in hit:
                 first.setdefault(i, case.step_of(v.decided_time))
         else:
-            false.append(f"{v.kind} {ev.subject.rank}@{onset}")
+            where = ev.subject.rank if ev.subject.rank is not None else \
+                (ev.subject.node or "job")
+            false.append(f"{v.kind} {where}@{onset}")
     ttv = tuple(first[i] - case.expect[i].true_onset + 1 for i in sorted(first))
     return CaseScore(case, opened, tp, len(case.expect), len(first), ttv, tuple(false),
                      len(events), seconds)
@@ -100,6 +103,8 @@ def render_table(scores: list[CaseScore], totals: Totals) -> str:
     lines = [head, "-" * len(head)]
     for s in scores:
         ttv = ",".join(str(t) for t in s.ttv) or "-"
+        if len(s.ttv) > 3:
+            ttv = f"max {max(s.ttv)}"
         what = "; ".join(s.false[:4]) + (f" (+{len(s.false) - 4})" if len(s.false) > 4 else "")
         lines.append(f"{s.case.name:<20} {s.expected:>3} {s.opened:>4} {s.true_pos:>3} "
                      f"{s.precision:>5.2f} {s.recall:>5.2f} {ttv:>9} {s.rank_steps:>10} "

@@ -70,7 +70,7 @@ def stage_of(report: StepReport) -> str:
 L, MS, PEER, LEVEL, STEP, TIME, BURST, JUDGED = range(8)
 
 
-@dataclass
+@dataclass(slots=True)
 class RankState:
     """One rank's straggler state (JSON via ``doc``/``from_doc``)."""
 
@@ -92,7 +92,7 @@ class RankState:
     open_steps: int = 0  # steps judged since the verdict opened
 
     def doc(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> RankState:
@@ -167,6 +167,12 @@ class StragglerRule(RuleBase):
         self.levels = [math.log(x) for x in self.q.effect_levels]
         self.limit = math.log(1.0 / self.q.alpha)
         self.ranks: dict[str, RankState] = {}
+        # precomputed per level: the CUSUM's gains at the floor rate (most ranks' own rate),
+        # the same expressions as in _judge so the sums are bit-identical
+        p1, floor = self.q.persistent_share, null_rate(0.0, self.q.over_rate_floor)
+        self._floor = floor
+        self._gain_floor = (math.log(p1 / floor), math.log((1.0 - p1) / (1.0 - floor)))
+        self._keys: dict[str, str] = {}
 
     def initial_state(self) -> dict[str, Any]:
         # groups: stage -> step group; node: rank -> node; settle: rank -> reports of a new
@@ -205,19 +211,26 @@ class StragglerRule(RuleBase):
                     steps.reset(group)
             return []
         rep = cast(StepReport, payload)
-        stage = stage_of(rep)
-        group = self.s["groups"].get(stage)
+        s = self.s
+        stage = "-" if rep.pp_stage is None else str(rep.pp_stage)  # stage_of
+        groups = s["groups"]
+        group = groups.get(stage)
         if group is None:
-            group = self.s["groups"][stage] = steps.new_group()
+            group = groups[stage] = steps.new_group()
         rank = str(rep.rank)
-        seen = self.s.setdefault("seen", {})
+        seen = s.get("seen")
+        if seen is None:
+            seen = s["seen"] = {}
         if rank not in seen:
             seen[rank] = True
-            self.s.setdefault("settle", {})[rank] = self.q.warmup_steps
-        if event.subject.node is not None:
-            self.s["node"][rank] = event.subject.node
+            s.setdefault("settle", {})[rank] = self.q.warmup_steps
+        node = event.subject.node
+        if node is not None:
+            s["node"][rank] = node
         closed = steps.add(group, rank, rep.step, rep.compute_ms, event.event_time,
                            self.q.close_lag_steps)
+        if not closed:
+            return []
         out: list[Event] = []
         for step, row in closed:
             out.extend(self._judge(stage, step, row))
@@ -251,15 +264,25 @@ class StragglerRule(RuleBase):
             pooled = [x / len(learned) for x in pooled]
         out: list[Event] = []
         candidates: list[str] = []
+        nlev = len(levels)
+        p1 = q.persistent_share
+        floor = self._floor
+        over_floor, under_floor = self._gain_floor
+        min_excess, burst_ratio, burst_min = q.min_excess_ms, q.burst_ratio, \
+            q.burst_min_excess_ms
+        n, k = q.n, q.k
+        is_open_of = self.book.open
+        keys = self._keys
+        ranks = self.ranks
         for rank in judged:
-            value, time = row[rank][0], int(row[rank][1])
+            cell = row[rank]
+            value, time = cell[0], int(cell[1])
             peer = median_without(values, bisect.bisect_left(values, value))
             if peer <= 0 or value <= 0:
                 continue
-            st = self.ranks.get(rank)
+            st = ranks.get(rank)
             if st is None:
-                st = self.ranks[rank] = RankState(over_rates=[0.0] * len(levels),
-                                                  llr=[0.0] * len(levels))
+                st = ranks[rank] = RankState(over_rates=[0.0] * nlev, llr=[0.0] * nlev)
             if st.first_step < 0:
                 st.first_step, st.first_time = step, time
             lr = math.log(value / peer)
@@ -275,23 +298,33 @@ class StragglerRule(RuleBase):
             # history does not make noise look like a straggler
             d = lr - st.normal - 2.0 * 1.2533 * st.spread / math.sqrt(max(st.seen, 1))
             level = -1
-            if lr > 0.0 and value - expected >= q.min_excess_ms:  # slower than its peers
-                for j, lv in enumerate(levels):
-                    if d > lv:
+            if lr > 0.0 and value - expected >= min_excess:  # slower than its peers
+                for j in range(nlev):
+                    if d > levels[j]:
                         level = j
-            burst = value >= q.burst_ratio * expected and \
-                value - expected >= q.burst_min_excess_ms
-            key = f"rank:{rank}"
-            is_open = self.book.is_open(key)
+            burst = value >= burst_ratio * expected and value - expected >= burst_min
+            key = keys.get(rank)
+            if key is None:
+                key = keys[rank] = f"rank:{rank}"
+            is_open = key in is_open_of
             # the sequential tests against the rank's own over-rates, one per effect level
-            p1 = q.persistent_share
             hit = -1
-            for j in range(len(levels)):
-                own = st.over_rates[j]
-                rate = null_rate(own if own > pooled[j] else pooled[j], q.over_rate_floor)
-                gain = math.log(p1 / rate) if level >= j else \
-                    math.log((1.0 - p1) / (1.0 - rate))
-                st.llr[j] = v = max(0.0, st.llr[j] + gain)
+            llr = st.llr
+            own_rates = st.over_rates
+            for j in range(nlev):
+                own = own_rates[j]
+                rate = own if own > pooled[j] else pooled[j]
+                if rate <= floor:  # null_rate: at least the floor, at most 0.5
+                    gain = over_floor if level >= j else under_floor
+                else:
+                    if rate > 0.5:
+                        rate = 0.5
+                    gain = math.log(p1 / rate) if level >= j else \
+                        math.log((1.0 - p1) / (1.0 - rate))
+                v = llr[j] + gain
+                if v < 0.0:
+                    v = 0.0
+                llr[j] = v
                 if v >= limit:
                     hit = j
             self._push(st, [lr, value, peer, float(level), step, time, 1.0 if burst else 0.0,
@@ -299,10 +332,11 @@ class StragglerRule(RuleBase):
             if is_open:
                 out.extend(self._follow(key, rank, st, stage, step, time, len(judged)))
                 continue
-            recent = st.hist[-q.n:]
-            if hit >= 0 and sum(1 for r in recent if r[LEVEL] >= hit) >= q.k:
+            hist = st.hist
+            recent = hist[-n:]
+            if hit >= 0 and sum(1 for r in recent if r[LEVEL] >= hit) >= k:
                 first = next(r for r in recent if r[LEVEL] >= hit)
-                st.ref, st.effect = st.normal, _recent_effect(st, st.normal, q.n)
+                st.ref, st.effect = st.normal, _recent_effect(st, st.normal, n)
                 out.extend(self._open(key, rank, st, OWN_NORMAL, int(first[STEP]),
                                       int(first[TIME]), stage, step, time, len(judged)))
                 continue
@@ -310,12 +344,16 @@ class StragglerRule(RuleBase):
                     binomial_tail(st.bursts, q.burst_steps,
                                   null_rate(st.burst_rate, q.over_rate_floor)) \
                     < q.burst_alpha:
-                first = next(r for r in st.hist if r[BURST])
-                st.ref, st.effect = st.normal, _recent_effect(st, st.normal, q.n)
+                first = next(r for r in hist if r[BURST])
+                st.ref, st.effect = st.normal, _recent_effect(st, st.normal, n)
                 out.extend(self._open(key, rank, st, BURSTS, int(first[STEP]), int(first[TIME]),
                                       stage, step, time, len(judged)))
                 continue
-            if sum(1 for r in recent if r[L] > lowest) >= q.k:
+            c = 0
+            for r in recent:
+                if r[L] > lowest:
+                    c += 1
+            if c >= k:
                 candidates.append(rank)
         if candidates:
             out.extend(self._stage_outliers(candidates, judged, stage, step, row))
@@ -340,23 +378,25 @@ class StragglerRule(RuleBase):
         own rates), unless the rank is suspect: flagged, a test above half its limit, or
         bursts enough to count. Learning lags the span so a fault's onset is never learned
         before it is judged."""
-        st.hist.append(row)
+        hist = st.hist
+        hist.append(row)
         if row[BURST]:
             st.bursts += 1
-        if len(st.hist) <= self.q.burst_steps:
+        q = self.q
+        if len(hist) <= q.burst_steps:
             return
-        old = st.hist.pop(0)
+        old = hist.pop(0)
         if old[BURST]:
             st.bursts -= 1
-        if frozen or not old[JUDGED] or max(st.llr) > self.limit / 2 \
-                or st.bursts >= self.q.burst_k:
+        if frozen or not old[JUDGED] or st.bursts >= q.burst_k \
+                or max(st.llr) > self.limit / 2:
             return
-        q = self.q
         st.seen = w_n = min(st.seen + 1, q.normal_memory_steps)
         w = 1.0 / w_n
         level = old[LEVEL]
-        for j in range(len(st.over_rates)):
-            st.over_rates[j] += w * ((1.0 if level >= j else 0.0) - st.over_rates[j])
+        rates = st.over_rates
+        for j in range(len(rates)):
+            rates[j] += w * ((1.0 if level >= j else 0.0) - rates[j])
         st.burst_rate += w * (old[BURST] - st.burst_rate)
         pull = self.levels[0]
         dev = min(max(old[L] - st.normal, -pull), pull)
