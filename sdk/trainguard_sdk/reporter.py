@@ -26,8 +26,9 @@ optimizer, checkpoint, comm); the heartbeats carry it with the wall-clock time t
 side first saw the rank in it (at most one heartbeat interval late), so the agent's rules can
 say "rank 5 stuck in backward for 60 s" with a bound learned from how long that section
 usually takes. It is one attribute store: no clock read, no lock, no send (the heartbeat
-thread tells one section instance from the next by the section and the last step). ``step()`` ends the section (the step is done; the next heartbeat says
-no section until the next ``section()``), and so do ``close()`` and ``end_section()``.
+thread tells one section instance from the next by the section and the last step).
+``step()`` ends the section (the step is done; the next heartbeat says no section until the
+next ``section()``), and so do ``close()`` and ``end_section()``.
 
 ``checkpoint()`` sends one checkpoint record (written, verified, corrupt, loaded) for the
 agent to publish as a ``checkpoint`` event; ``trainguard_sdk.checkpoint`` calls it.

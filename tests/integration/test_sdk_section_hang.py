@@ -62,11 +62,11 @@ def test_a_rank_asleep_in_backward_is_stuck_in_backward(sock_dir: Path) -> None:
     codes = [p.returncode for p in procs]
     assert codes == [0, 0], [job.stderr(r) for r in range(2)]
 
-    beats = [i for i in items if isinstance(i.payload, Heartbeat)]
-    inside = [i for i in beats if i.subject.rank == STALL_RANK
-              and i.payload.section is Section.BACKWARD]
+    beats = [(i.subject.rank, i.payload) for i in items if isinstance(i.payload, Heartbeat)]
+    inside = [hb for rank, hb in beats if rank == STALL_RANK
+              and hb.section is Section.BACKWARD]
     assert inside, "no heartbeat said the stalled rank was in backward"
-    assert any(i.payload.section is Section.COMM for i in beats if i.subject.rank == 0), \
+    assert any(hb.section is Section.COMM for rank, hb in beats if rank == 0), \
         "the peer never showed it waits in the exchange"
     events = [make_event(i.payload, event_id=f"ev-{n:06d}", job_id=i.job_id,
                          event_time=i.event_time, source="agent", subject=i.subject)

@@ -175,7 +175,8 @@ class _Builder:
                 continue
             annotation: Any = info.annotation
             if info.metadata:
-                annotation = Annotated[(annotation, *info.metadata)]
+                args = (annotation, *info.metadata)
+                annotation = Annotated[args]
             tp, conv = self.typ(annotation)
             if conv is not None and not isinstance(info.default, BaseModel):
                 nested.append((name, conv))

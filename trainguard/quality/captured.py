@@ -12,11 +12,12 @@ are the lines' own stamps (the case's unit: seconds from its first event).
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 from trainguard.collectors.gpu.dcgm_parse import parse_dcgm_text, to_gpu_samples
 from trainguard.collectors.gpu.smi_parse import parse_smi_csv, parse_smi_xml
+from trainguard.compat import UTC
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import GpuSample, VerdictKind
 from trainguard.offline.imports import fault_events, kmsg_events

@@ -31,7 +31,7 @@ from trainguard.events.payloads import Severity
 from trainguard.rules.params import KINDS, LIMIT, NUM, PARAMS
 
 if TYPE_CHECKING:
-    from importlib.resources.abc import Traversable
+    from importlib.abc import Traversable  # importlib.resources.abc from 3.11
 
 _ID = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 _RULE_KEYS = {"id", "kind", "enabled", "severity", "parameters", "description"}
@@ -230,7 +230,7 @@ def default_rules_file() -> Traversable:
     """The shipped default rule set: in an installed wheel ``trainguard/rules/sets/`` (copied
     from the top-level ``rules/`` by setup.py's build step); in a source checkout or an
     editable install, ``rules/`` itself."""
-    packaged = resources.files("trainguard.rules").joinpath("sets", DEFAULT_RULES)
+    packaged = resources.files("trainguard.rules").joinpath("sets").joinpath(DEFAULT_RULES)
     if packaged.is_file():
         return packaged
     checkout = Path(__file__).resolve().parents[2] / "rules" / DEFAULT_RULES

@@ -2,9 +2,9 @@
 
 The SDK's heartbeats (v2) carry the section of its step a rank is in (``Section``) and since
 when (the trainer's clock, like every event time: its first heartbeat in that instance, so at
-most one heartbeat interval after it entered it; stuck times are short by up to that much). ``SectionHangRule`` tracks each rank's
-current section *instance* (section, start) and learns, per section of the job, how long an
-instance takes:
+most one heartbeat interval after it entered it; stuck times are short by up to that much).
+``SectionHangRule`` tracks each rank's current section *instance* (section, start) and
+learns, per section of the job, how long an instance takes:
 
 - An instance ends when the rank shows a newer one (its start ends the old: sections of one
   training thread follow each other), a heartbeat with no section (at that heartbeat's time), or
