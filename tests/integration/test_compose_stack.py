@@ -31,6 +31,7 @@ import yaml
 
 from tests.integration.compose_stack import (
     KAFKA_IMAGE,
+    ROOT,
     TRAINGUARD_IMAGE,
     Translation,
     condition,
@@ -159,6 +160,23 @@ def _wait(ok: Callable[[], bool], limit_s: float, what: str, stack: Stack,
         assert not why, f"while waiting for {what}: {why}"
         time.sleep(0.3)
     raise AssertionError(f"gave up waiting {limit_s:.0f} s for {what}")
+
+
+def _wait_page(url: str, stack: Stack, limit_s: float = 30) -> str:
+    """The page at ``url`` once it names the incident recovered (it is folded live)."""
+    body = ""
+
+    def fetched() -> bool:
+        nonlocal body
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                body = r.read().decode()
+        except OSError:
+            return False
+        return "recovered" in body.lower()
+
+    _wait(fetched, limit_s, f"the served timeline page {url}", stack)
+    return body
 
 
 def _trainguard_targets(api: str) -> set[str]:
@@ -297,6 +315,16 @@ def test_the_compose_stack_recovers_a_killed_rank(compose_stack: Stack) -> None:
               "the alerts service to post to Alertmanager", stack)
         v = view(tail.events(), base_epoch=base)
         assert v.epochs_after >= 1
+        # the alerts' timeline link, as a browser on the host follows it (the published port
+        # of the incidents service), serves that incident's page live from the incident state
+        conf = next(str(v).split(":")[0] for v in services["alerts"]["volumes"]
+                    if str(v).split(":")[1] == "/etc/trainguard/alerts.yml")
+        links = yaml.safe_load((ROOT / conf).read_text())  # as written, not as translated
+        timeline = tr.address("agent", links["links"]["timeline_url"]).rstrip("/")
+        recovered = [i for i, s in _incidents(tail.events(), killed_at - 5_000_000).items()
+                     if s is IncidentState.RECOVERED]
+        page = _wait_page(f"{timeline}/incidents/{recovered[0]}", stack)
+        assert recovered[0] in page and "recovered" in page.lower(), page[:400]
     finally:
         done = stack.end_job()  # no fault of the job's own: no incident left open
         tail.stop()
