@@ -84,6 +84,17 @@ def test_every_dashboard_links_to_the_others() -> None:
                    and link.get("keepTime") and link.get("includeVars") for link in links), name
 
 
+def test_every_dashboard_links_to_the_served_timelines() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    published = compose["services"]["incidents"]["ports"][0].split(":")[-2]
+    for name, doc in DOCS.items():
+        urls = [link["url"] for link in doc.get("links", []) if link.get("type") == "link"]
+        assert urls == ["${timeline}/"], (name, urls)
+        var = next(v for v in doc["templating"]["list"] if v["name"] == "timeline")
+        # the default is where compose publishes `incident serve --http-port`
+        assert var["type"] == "textbox" and var["query"] == f"http://localhost:{published}", var
+
+
 def test_committed_dashboards_are_the_built_ones() -> None:
     out = ROOT / "dashboards"
     for name, doc in DOCS.items():

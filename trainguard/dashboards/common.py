@@ -16,6 +16,11 @@ ALL = ".*"
 # The job's ranks as trainguard sees them on nodes and GPUs: node/rank variables and the join of
 # dcgm-exporter's series (relabelled Hostname -> node, see deploy/prometheus/prometheus.yml).
 RANKS = 'trainguard_rank_info{job_id="$job", node=~"$node", rank=~"$rank"}'
+# The served incident pages (`trainguard incident serve --http-port`): a text variable, so each
+# Grafana sets its own base URL (or its proxy's); the default is docker-compose.yml's published
+# address of the incidents service.
+TIMELINE = "timeline"
+TIMELINE_DEFAULT = "http://localhost:8470"
 
 
 def job_variable() -> Template:
@@ -35,6 +40,11 @@ def rank_variable() -> Template:
                     query='label_values(trainguard_rank_info{job_id="$job", node=~"$node"}, '
                           "rank)", refresh=2, sort=3, multi=True, includeAll=True,
                     allValue=ALL, default="$__all")
+
+
+def timeline_variable() -> Template:
+    return Template(name=TIMELINE, label="timeline pages", query=TIMELINE_DEFAULT,
+                    default=TIMELINE_DEFAULT, type="textbox", hide=2)
 
 
 def job_variables() -> list[Template]:
@@ -63,9 +73,13 @@ def incident_annotation(job_selector: str = "") -> dict[str, Any]:
 
 
 def links() -> list[DashboardLink]:
-    """Every trainguard dashboard, as a menu keeping the time range and the variables."""
+    """Every trainguard dashboard, as a menu keeping the time range and the variables, and the
+    served incident list (each incident's timeline page is linked from there)."""
     return [DashboardLink(title="trainguard", type="dashboards", tags=list(TAGS),
-                          asDropdown=True, includeVars=True, keepTime=True)]
+                          asDropdown=True, includeVars=True, keepTime=True),
+            DashboardLink(title="Incident timelines", type="link", uri=f"${{{TIMELINE}}}/",
+                          icon="doc", keepTime=False, targetBlank=True,
+                          tooltip="the incident list and timeline pages (incident serve)")]
 
 
 def dashboard(uid: str, title: str, description: str, panels: Sequence[Any], *,
@@ -73,6 +87,7 @@ def dashboard(uid: str, title: str, description: str, panels: Sequence[Any], *,
               annotations: Sequence[dict[str, Any]] = ()) -> Dashboard:
     names = {v.name for v in variables}
     all_vars = list(variables) if "datasource" in names else [variable(), *variables]
+    all_vars.append(timeline_variable())
     return Dashboard(
         uid=uid, title=title, description=description, tags=TAGS, timezone="utc",
         refresh="10s", time=Time("now-1h", "now"), panels=list(panels),
