@@ -11,7 +11,7 @@ from typing import Any
 
 import annotated_types as at
 from hypothesis import strategies as st
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
@@ -85,7 +85,16 @@ def for_model(model: type[BaseModel]) -> st.SearchStrategy[Any]:
         name: for_annotation(info.annotation, list(info.metadata))
         for name, info in model.model_fields.items()
     }
-    return st.fixed_dictionaries(fields).map(lambda kw: model(**_keyed_by_action(kw)))
+    # a model's own validators (e.g. fields set together) refuse some drawn combinations
+    return st.fixed_dictionaries(fields).map(lambda kw: _valid(model, _keyed_by_action(kw))) \
+        .filter(lambda m: m is not None)
+
+
+def _valid(model: type[BaseModel], kw: dict[str, Any]) -> BaseModel | None:
+    try:
+        return model(**kw)
+    except ValidationError:
+        return None
 
 
 def _keyed_by_action(kw: dict[str, Any]) -> dict[str, Any]:
