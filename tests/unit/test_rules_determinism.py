@@ -15,6 +15,7 @@ from trainguard.events.codec import encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import CheckpointAction, NodeHealthKind, StepReport, Verdict
 from trainguard.rules import RuleEngine, RuleSet, parse_rules
+from trainguard.rules.engine import LANE_IDLE_US, LANE_OF
 from trainguard.rules.params import KINDS
 from trainguard.rules.straggler import StragglerRule
 from trainguard.rules.synth import (
@@ -273,3 +274,30 @@ def test_prompt_lane_retracts_an_exit_a_newer_replica_makes_stale() -> None:
     assert engine.stats()["retracted"] == 1 and engine.stats()["stale"] == 1
     # in event-time order: nothing at all
     assert [v for v in run([*steps, new_binding, new_report, ghost_exit])] == []
+
+
+@pytest.mark.parametrize("telemetry_first", [True, False])
+def test_a_worker_behind_a_backlog_reads_one_topic_ahead_of_the_other_and_decides_the_same(
+        telemetry_first: bool) -> None:
+    """A streams worker that starts behind the log reads the task and telemetry topics in
+    turns, and one runs ahead of the other (the sparse telemetry, seconds ahead of the dense
+    task topic): here 6 s, within LANE_IDLE_US. Each lane holds the watermark, so nothing is
+    late and the bytes are the same."""
+    by_lane: dict[str | None, list[Event]] = {}
+    for e in IN_ORDER:
+        by_lane.setdefault(LANE_OF.get(e.type), []).append(e)
+    assert set(by_lane) == {"task", "telemetry"}
+    ahead, behind = by_lane["telemetry"], by_lane["task"]
+    if not telemetry_first:
+        ahead, behind = behind, ahead
+    lead = 6 * S
+    assert lead + RULES.allowed_lateness_us < LANE_IDLE_US
+    arrivals: list[Event] = [behind[0]]  # the first turn reads a record of each topic
+    i = 0
+    for e in behind[1:]:
+        while i < len(ahead) and ahead[i].event_time <= e.event_time + lead:
+            arrivals.append(ahead[i])
+            i += 1
+        arrivals.append(e)
+    arrivals += ahead[i:]
+    assert run(arrivals) == REFERENCE

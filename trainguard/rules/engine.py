@@ -11,7 +11,9 @@ Offline replay: ``replay(events, ruleset, job_id)`` feeds a log and drains the b
 end. The same log gives the same verdict sequence (``encode``-identical) whatever the arrival
 interleaving within ``allowed_lateness_ms``, with duplicates, and across snapshot/restore.
 The watermark is kept per job: a job's events all live in one partition, and a per-job
-watermark makes each job's verdicts independent of what other jobs share its partition.
+watermark makes each job's verdicts independent of what other jobs share its partition. The
+task and telemetry topics are lanes of it (``LANES``; see ``ordering.py``): a worker catching
+up reads them in turns, and neither runs the watermark past the other's backlog.
 
 Binding epochs (``epochs.py``): who holds which epoch comes only from verified ``pool.unit``
 ``bound`` events (the edge feeds the engine only those whose actuator signature verified);
@@ -50,10 +52,25 @@ from trainguard.rules.schema import RuleSet
 from trainguard.streams.engine import EngineFactory
 
 SNAPSHOT_VERSION = 1
+# The topics the streams worker reads side by side for every job: each is a lane of the
+# reorder buffer (``ordering.py``), so a catch-up that reads one ahead of the other drops
+# nothing. A lane more than ``LANE_IDLE_US`` behind the newest event no longer holds the
+# watermark. 10 s: a worker restarted behind up to that much backlog reads its inputs in turns
+# without loss (the demo's worker starts ~5 s behind its job); and it is the longest a lane
+# that stopped, or is sparse by nature (a node's kernel-log OOM kills and XIDs imported without
+# its telemetry), delays the verdicts of the other: a longer bound protects longer restarts and
+# holds every stopped or sparse lane that much longer.
+# A lane not seen yet holds the others for ``LANE_EXPECT_US`` from a job's first event: a
+# worker fetches its partitions together, so the first records of both inputs come within
+# moments of each other; 5 s covers a slow first fetch, and is all a job without telemetry
+# waits at its start.
+LANES = (TopicRole.TASK, TopicRole.TELEMETRY)
+LANE_IDLE_US = 10_000_000
+LANE_EXPECT_US = 5_000_000
+LANE_OF: dict[str, str] = {t.name: t.topic.value for t in BY_NAME.values() if t.topic in LANES}
 # What the engine is fed: the task topic, the node telemetry, and the actuators' verified
 # bindings (``pool.unit``: the edge feeds only those whose signature verified).
-RULE_INPUTS = frozenset(t.name for t in BY_NAME.values()
-                        if t.topic in (TopicRole.TASK, TopicRole.TELEMETRY)) | EpochGate.types
+RULE_INPUTS = frozenset(LANE_OF) | EpochGate.types
 
 
 class RuleEngine:
@@ -64,7 +81,8 @@ class RuleEngine:
         self.job_id = job_id
         self.ruleset = ruleset
         self.prompt = prompt
-        self.buffer = ReorderBuffer(ruleset.allowed_lateness_us)
+        self.buffer = ReorderBuffer(ruleset.allowed_lateness_us, LANE_IDLE_US,
+                                    tuple(lane.value for lane in LANES), LANE_EXPECT_US)
         self.gate = EpochGate()
         self.rules: list[tuple[str, RuleBase]] = []
         self._digests = {spec.id: spec.digest() for spec in ruleset.rules}
@@ -95,7 +113,7 @@ class RuleEngine:
         early: list[Event] = []
         if self.prompt and self.buffer.accepts(event):
             early = self._prompt(event)
-        released = self.buffer.push(event)
+        released = self.buffer.push(event, LANE_OF.get(event.type))
         if not released:
             return early
         out = self._evaluate(released)

@@ -5,6 +5,23 @@ Whatever the arrival interleaving within the lateness bound, the released sequen
 same, and so is everything computed from it. Duplicates (same event_id) still in the buffer
 collapse; an event at or below the released watermark is late: counted and dropped (a
 duplicate of an event already released is always in that case).
+
+Lanes. Events may come from several inputs read side by side (the streams worker reads a job's
+task and telemetry topics). Live, each input is in event-time order within the lateness bound,
+but the inputs are not in step with each other: a worker that starts, or restarts, behind a
+backlog reads its inputs in turns, record for record, so the sparse input (a node's telemetry,
+two records a second) races seconds ahead of the dense one (every rank's steps). A watermark
+taken from the maximum over all inputs would then drop the dense input's backlog as late. So
+an event may name its ``lane``: the watermark is the minimum over the lanes of each lane's
+maximum (less the lateness), counting only the lanes within ``idle_us`` of the newest event:
+a lane further behind than that is idle (its source stopped: a finished job's step reports
+while its node's telemetry goes on) and no longer holds the others back. ``idle_us`` is what a
+catch-up may lag one input behind another without losing records, and the longest a stopped
+lane delays the rest. A lane ``expect``-ed but not seen yet stands at the first event's time
+for ``expect_us``: a worker's first reads of its inputs may come one before the other, and a
+job with no such input at all is held that long at its start only. Lanes only ever hold the
+watermark back, so the released sequence is the same as without them whenever neither drops
+a record.
 """
 
 from __future__ import annotations
@@ -19,9 +36,15 @@ from trainguard.events.envelope import Event
 
 
 class ReorderBuffer:
-    def __init__(self, allowed_lateness_us: int) -> None:
+    def __init__(self, allowed_lateness_us: int, idle_us: int = 0,
+                 expect: tuple[str, ...] = (), expect_us: int = 0) -> None:
         self.lateness = allowed_lateness_us
+        self.idle = idle_us
+        self.expect = expect
+        self.expect_us = expect_us
+        self.first = -1  # the first event's time: where a lane expected but not seen stands
         self.max_time = -1
+        self.lanes: dict[str, int] = {}  # lane -> the newest event time on it
         self.watermark = -1  # everything at or below has been released
         self.late = 0
         self.duplicates = 0
@@ -29,8 +52,9 @@ class ReorderBuffer:
         self._ids: set[str] = set()
         self._raw: dict[str, Any] = {}  # event_id -> wire JSON object, filled by snapshot()
 
-    def push(self, event: Event) -> list[Event]:
-        """Take one arriving event; return the events now released, in order."""
+    def push(self, event: Event, lane: str | None = None) -> list[Event]:
+        """Take one arriving event (read from input ``lane``, if named); return the events
+        now released, in order."""
         t = event.event_time
         if t <= self.watermark:
             self.late += 1
@@ -41,12 +65,32 @@ class ReorderBuffer:
             return []
         self._ids.add(eid)
         heapq.heappush(self._heap, (t, eid, event))
+        moved = False
         if t > self.max_time:
+            if self.first < 0:
+                self.first = t
             self.max_time = t
-            wm = t - self.lateness
+            moved = True
+        if lane is not None and t > self.lanes.get(lane, -1):
+            self.lanes[lane] = t
+            moved = True
+        if moved:
+            wm = self._mark()
             if self._heap[0][0] <= wm:
                 return self._release(wm)
         return []
+
+    def _mark(self) -> int:
+        """The watermark the events seen allow: the slowest lane not idle, less the lateness."""
+        top = self.max_time
+        cut = top - self.idle
+        for newest in self.lanes.values():
+            if cut <= newest < top:
+                top = newest
+        if self.first < top and self.max_time - self.expect_us <= self.first and any(
+                name not in self.lanes for name in self.expect):
+            top = self.first
+        return top - self.lateness
 
     def accepts(self, event: Event) -> bool:
         """Would ``push`` keep it (neither late nor a duplicate still buffered)?"""
@@ -82,6 +126,9 @@ class ReorderBuffer:
         put them back as ``"buffered"`` (wire JSON objects) before ``restore``."""
         doc: dict[str, Any] = {"max_time": self.max_time, "watermark": self.watermark,
                                "late": self.late, "duplicates": self.duplicates}
+        if self.lanes or self.expect:
+            doc["lanes"] = dict(sorted(self.lanes.items()))
+            doc["first"] = self.first
         if events:
             doc["buffered"] = [self._encoded(eid, ev) for _, eid, ev in self._heap]
         else:
@@ -100,6 +147,8 @@ class ReorderBuffer:
         self.watermark = int(doc["watermark"])
         self.late = int(doc["late"])
         self.duplicates = int(doc["duplicates"])
+        self.lanes = {str(k): int(v) for k, v in doc.get("lanes", {}).items()}
+        self.first = int(doc.get("first", self.max_time))
         events = [(decode_obj(raw), raw) for raw in doc["buffered"]]
         self._heap = [(ev.event_time, ev.event_id, ev) for ev, _ in events]
         heapq.heapify(self._heap)

@@ -266,7 +266,7 @@ def _one_gpu(gpu: int, series: dict[str, DcgmSeries],
                            "pci_bus_id": label("pci_bus_id")}
     for name, f in _FLOAT_FIELDS.items():
         if (v := val(name)) is not None:
-            out[f] = v
+            out[f] = _plausible(f, v, malformed)
     for name, f in _COUNT_FIELDS.items():
         if (v := val(name)) is not None:
             out[f] = _counted(v, malformed)
@@ -275,7 +275,7 @@ def _one_gpu(gpu: int, series: dict[str, DcgmSeries],
             out[f] = v != 0
     mem_temp = val("DCGM_FI_DEV_MEMORY_TEMP")
     if mem_temp is not None and mem_temp != 0:
-        out["memory_temperature_c"] = mem_temp
+        out["memory_temperature_c"] = _plausible("memory_temperature_c", mem_temp, malformed)
     limit = next((v for n in _POWER_LIMIT if (v := val(n)) is not None), None)
     if limit is not None:
         out["power_limit_w"] = limit
@@ -295,6 +295,19 @@ def _one_gpu(gpu: int, series: dict[str, DcgmSeries],
     if action is not None and (a := _counted(action, malformed)) is not None:
         out["recovery_action"] = recovery_action_name(a)
     return build_sample(out, malformed, "dcgm")
+
+
+# Physical bounds of a reading: a sensor value outside them (a garbled line, a blank of a type
+# the text does not name) is no reading, counted ``dcgm_implausible``, never a temperature.
+_BOUNDS = {"temperature_c": (-40.0, 200.0), "memory_temperature_c": (-40.0, 200.0)}
+
+
+def _plausible(field: str, value: float, malformed: dict[str, int]) -> float | None:
+    bounds = _BOUNDS.get(field)
+    if bounds is None or bounds[0] <= value <= bounds[1]:
+        return value
+    bump(malformed, "dcgm_implausible")
+    return None
 
 
 def _counted(value: float, malformed: dict[str, int]) -> int | None:
