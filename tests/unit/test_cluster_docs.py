@@ -4,6 +4,7 @@ line in it, in the unit and in the DaemonSet parses against the real `trainguard
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shlex
@@ -14,7 +15,10 @@ from typing import Any
 import pytest
 import yaml
 
+from trainguard.actuators import signing
+from trainguard.cli.flags import KEY_WORDS
 from trainguard.cli.main import build_parser
+from trainguard.dashboards.common import TIMELINE_DEFAULT
 
 pytestmark = pytest.mark.unit
 
@@ -151,9 +155,62 @@ def _commands() -> list[list[str]]:
 def test_the_section_has_the_services_commands() -> None:
     heads = {" ".join(c[:2]) for c in _commands()}
     assert {"topics create", "streams --app-id", "incident serve", "alerts run",
-            "metrics serve"} <= heads, heads
+            "metrics serve", "decide --command-key", "actuator --job-spec"} <= heads, heads
 
 
 @pytest.mark.parametrize("argv", _commands(), ids=lambda a: " ".join(a[:2]))
 def test_every_command_in_the_section_parses(argv: list[str]) -> None:
     _parses(argv)
+
+
+def _subcommand(argv: list[str]) -> argparse.ArgumentParser:
+    """The (sub)parser that ``argv`` ends up in: ``incident serve`` -> its own parser."""
+    parser = build_parser()
+    for word in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        parser = subs[0].choices[word]
+    return parser
+
+
+def key_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The key files a subcommand loads (flags named --<signer>-<key word>), but those its
+    help calls optional and hidden deprecated spellings."""
+    return [a.option_strings[0] for a in parser._actions
+            if a.option_strings and a.help not in (None, argparse.SUPPRESS)
+            and any(w in KEY_WORDS for w in a.option_strings[0][2:].split("-"))
+            and "optional" not in a.help]
+
+
+def test_the_key_flags_are_read_from_the_parser() -> None:
+    assert key_flags(_subcommand(["incident", "serve"])) == ["--command-pubkey",
+                                                             "--actuator-pubkeys"]
+    assert "--command-pubkey" not in key_flags(_subcommand(["decide"]))  # optional there
+    assert key_flags(_subcommand(["topics", "create"])) == []
+
+
+@pytest.mark.parametrize("argv", _commands(), ids=lambda a: " ".join(a[:2]))
+def test_every_command_passes_its_key_files(argv: list[str], tmp_path: Path) -> None:
+    """Compose hands the keys over as TRAINGUARD_*_FILE variables; the README's commands,
+    run as written, need them as flags: each naming a file `trainguard keys gen` makes."""
+    made = {p.name for p in signing.generate(tmp_path).values()}
+    for flag in key_flags(_subcommand(argv)):
+        assert flag in argv, f"README: `trainguard {' '.join(argv[:2])}` lacks {flag}"
+        value = Path(argv[argv.index(flag) + 1])
+        assert value.name in made, (flag, value, made)
+
+
+def _port(argv: list[str]) -> str:
+    return argv[argv.index("--http-port") + 1]
+
+
+def test_the_served_timelines_use_one_port() -> None:
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    port = _port(compose["services"]["incidents"]["command"])
+    (readme,) = [c for c in _commands() if c[:2] == ["incident", "serve"]]
+    assert _port(readme) == port
+    assert TIMELINE_DEFAULT.endswith(f":{port}")  # the dashboards' timeline variable
+    for cfg in ("trainguard-alerts.yml", "trainguard-alerts.example.yml"):
+        links = yaml.safe_load((ROOT / "deploy" / "alertmanager" / cfg).read_text())["links"]
+        assert links["timeline_url"].endswith(f":{port}"), (cfg, links)
