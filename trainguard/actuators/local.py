@@ -288,12 +288,12 @@ def catches(pid: int, signum: int, proc: Path = Path("/proc")) -> bool:
 
 
 def _answers(path: Path) -> bool:
-    if not path.exists():
+    if not zygote.socket_path(path).exists():
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(1.0)
-            sock.connect(str(path))
+            sock.connect(str(zygote.socket_path(path)))
         return True
     except OSError:
         return False

@@ -45,6 +45,7 @@ from typing import Any
 
 from trainguard.actuators.fencing import identify
 from trainguard.actuators.journal import Journal
+from trainguard.dev.paths import unix_socket_path
 
 REAP_AFTER_S = 10.0
 CLIENT_TIMEOUT_S = 5.0
@@ -181,14 +182,23 @@ def _reply(conn: socket.socket, reply: dict[str, Any]) -> None:
         pass  # the requester left; a forked child runs on, recorded, and is fenced as usual
 
 
+def socket_path(path: Path) -> Path:
+    """Where the zygote named ``path`` binds and is reached. It keeps its name in the run
+    directory (its pid file beside it), however deep; the socket itself moves to a short
+    directory when ``path`` is too long for a unix socket address."""
+    return unix_socket_path(path)
+
+
 def serve(path: Path, preload: list[str]) -> None:
     for name in preload:
         importlib.import_module(name)
-    path.unlink(missing_ok=True)
+    bound = socket_path(path)
+    bound.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    bound.unlink(missing_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_mask = os.umask(0o177)
     try:
-        server.bind(str(path))  # mode 0600: only the owner (and root) may connect
+        server.bind(str(bound))  # mode 0600: only the owner (and root) may connect
     finally:
         os.umask(old_mask)
     server.listen(64)
@@ -284,7 +294,7 @@ def spawn(path: Path, module: str, args: list[str], env: dict[str, str], cpus: l
     (job, rank, epoch, unit, command id) before it runs; its pid."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
-        sock.connect(str(path))
+        sock.connect(str(socket_path(path)))
         sock.sendall(json.dumps({"module": module, "args": args, "env": env, "cpus": cpus,
                                  "log": str(log), "journal": str(journal),
                                  "record": record}).encode() + b"\n")

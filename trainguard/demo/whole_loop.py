@@ -117,9 +117,9 @@ def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
             say("[demo] ending the job (fenced and recorded on the log)")
             out.ended_at = now_us()
             end_job(stack, spec)
-        _wait_for(lambda: _settled(_faults(stack, out.ended_at)), 60,
+        _wait_for(lambda: settled(fault_incidents(stack, out.ended_at)), 60,
                   "the incident service to settle the faults' incidents")
-        out.incidents = _faults(stack, out.ended_at)
+        out.incidents = fault_incidents(stack, out.ended_at)
         left = open_incidents(stack)
         if left:
             say(f"[demo] still open: {', '.join(i[:12] for i in left)}")
@@ -145,13 +145,14 @@ def end_job(stack: LocalStack, spec: Path) -> None:
                    check=False, timeout=120, stdout=subprocess.DEVNULL)
 
 
-def wait_for_start(stack: LocalStack, tail: LogTail, log_dir: Path, limit_s: float = 300) -> None:
+def wait_for_start(stack: LocalStack, tail: LogTail, log_dir: Path, limit_s: float = 300,
+                   world: int = WORLD) -> None:
     """Until every rank steps and 2 checkpoints are written; a rank that exits first ends the
-    wait at once, with the last line of its log (its own error)."""
+    wait at once (polled every 0.2 s), with the last line of its log (its own error)."""
     _wait_for(lambda: view(tail.events()).checkpoints >= 2
-              and len(view(tail.events()).steps_at_epoch) == WORLD, limit_s,
+              and len(view(tail.events()).steps_at_epoch) == world, limit_s,
               "the job to start and checkpoint", stack,
-              failed=lambda: start_failure(tail.events(), log_dir))
+              failed=lambda: start_failure(tail.events(), log_dir), poll_s=0.2)
 
 
 def start_failure(events: list[Event], log_dir: Path,
@@ -192,16 +193,7 @@ def _drive(stack: LocalStack, tail: LogTail, out: DemoOutcome, say: Say) -> None
     say("[demo] waiting for the job: 4 ranks stepping, 2 checkpoints written")
     wait_for_start(stack, tail, out.run_dir / "ranks")
     # 1. worker exit
-    victim = _pid_of(tail.events(), rank=3)
-    base_epoch = view(tail.events()).epoch
-    acted = Acted.now(pid=victim, signal=9)
-    os.kill(victim, signal.SIGKILL)
-    _record(stack, out, acted, "worker-exit", "start", 3, say,
-            f"rank 3 (pid {victim}) killed with SIGKILL")
-    _wait_for(lambda: _resumed(tail.events(), base_epoch), 180,
-              "detection, fencing, migration to the spare and resume", stack)
-    v = view(tail.events())
-    say(f"[demo] resumed: every rank stepping at epoch {v.epoch}")
+    base_epoch = kill_and_recover(stack, tail, out, say, rank=3)
     # The straggler rule learns each new replica's own normal over its first steps (warm-up,
     # then the normal): a slowdown that starts before that is judged only against its peers'
     # normals. A straggler appears mid-run: let the resumed ranks learn first.
@@ -233,6 +225,23 @@ def _drive(stack: LocalStack, tail: LogTail, out: DemoOutcome, say: Say) -> None
         time.sleep(1.0)
 
 
+def kill_and_recover(stack: LocalStack, tail: LogTail, out: DemoOutcome, say: Say,
+                     rank: int, world: int = WORLD) -> int | None:
+    """Kill ``rank`` with SIGKILL (an injection event on the log), then wait until every rank
+    steps at a later epoch: detected, fenced, migrated to the spare, resumed. The epoch the
+    job had before the kill."""
+    victim = _pid_of(tail.events(), rank=rank)
+    base_epoch = view(tail.events()).epoch
+    acted = Acted.now(pid=victim, signal=9)
+    os.kill(victim, signal.SIGKILL)
+    _record(stack, out, acted, "worker-exit", "start", rank, say,
+            f"rank {rank} (pid {victim}) killed with SIGKILL")
+    _wait_for(lambda: _resumed(tail.events(), base_epoch, world=world), 180,
+              "detection, fencing, migration to the spare and resume", stack)
+    say(f"[demo] resumed: every rank stepping at epoch {view(tail.events()).epoch}")
+    return base_epoch
+
+
 def _record(stack: LocalStack, out: DemoOutcome, acted: Acted, fault: str, phase: str,
             rank: int, say: Say, what: str) -> None:
     event = make_event(Injection(drill_id="demo", scenario="demo", fault=fault, phase=phase,
@@ -254,9 +263,10 @@ def _pid_of(events: list[Event], rank: int) -> int:
     raise DemoError(f"no bound replica of rank {rank} on the log")
 
 
-def _resumed(events: list[Event], base_epoch: int | None, min_steps: int = 3) -> bool:
+def _resumed(events: list[Event], base_epoch: int | None, min_steps: int = 3,
+             world: int = WORLD) -> bool:
     v = view(events, base_epoch=base_epoch)
-    return (v.epochs_after >= 1 and len(v.steps_at_epoch) == WORLD
+    return (v.epochs_after >= 1 and len(v.steps_at_epoch) == world
             and min(v.steps_at_epoch.values()) >= min_steps)
 
 
@@ -285,7 +295,7 @@ def _open_stragglers(events: list[Event]) -> set[str]:
 ENDS = {IncidentState.RECOVERED, IncidentState.ESCALATED, IncidentState.UNRECOVERABLE}
 
 
-def _faults(stack: LocalStack, ended_at: int) -> dict[str, IncidentState]:
+def fault_incidents(stack: LocalStack, ended_at: int) -> dict[str, IncidentState]:
     """The latest state of each incident opened before the job was ended (the exits of the
     demo's own teardown open incidents of their own, left out here)."""
     opened: dict[str, int] = {}
@@ -306,7 +316,7 @@ def open_incidents(stack: LocalStack) -> list[str]:
     return [i for i, s in latest.items() if s not in ENDS]
 
 
-def _settled(incidents: dict[str, IncidentState]) -> bool:
+def settled(incidents: dict[str, IncidentState]) -> bool:
     return bool(incidents) and all(s in ENDS for s in incidents.values())
 
 
@@ -333,7 +343,7 @@ def _cli_text(stack: LocalStack, *args: str) -> str:
 
 def _wait_for(ok: Callable[[], bool], limit_s: float, what: str,
               stack: LocalStack | None = None,
-              failed: Callable[[], str | None] | None = None) -> None:
+              failed: Callable[[], str | None] | None = None, poll_s: float = 0.5) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if ok():
@@ -344,7 +354,7 @@ def _wait_for(ok: Callable[[], bool], limit_s: float, what: str,
         if stack is not None and stack.dead():
             died = ", ".join(f"{s.name}:\n{s.tail()}" for s in stack.dead())
             raise DemoError(f"while waiting for {what}, a service died: {died}")
-        time.sleep(0.5)
+        time.sleep(poll_s)
     raise DemoError(f"gave up waiting {limit_s:.0f} s for {what}")
 
 

@@ -34,6 +34,7 @@ from trainguard.actuators import signing
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
 from trainguard.dev.kafka import BrokerInfo, KafkaBroker
+from trainguard.dev.paths import unix_socket_path
 from trainguard.events.topics import TOPIC_SPECS, TopicNames
 
 Say = Callable[[str], None]
@@ -104,7 +105,7 @@ class LocalStack:
         self.info: BrokerInfo | None = None
         self.broker_was_running = False
         self.keys = root / "keys"  # `trainguard keys gen`: decide's and the actuators' keys
-        self.agent_socket = root / "agent.sock"
+        self.agent_socket = unix_socket_path(root / "agent.sock")  # short, however deep root
 
     # --- lifecycle ------------------------------------------------------------------------
 
