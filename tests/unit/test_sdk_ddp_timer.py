@@ -151,3 +151,20 @@ def test_the_integrations_install_the_timer_on_ddp_else_fall_back_to_the_wall_cl
     assert isinstance(plain, WallTimer) and "not DistributedDataParallel" in how
     assert sum("step timing from the wall clock" in r.getMessage()
                for r in caplog.records) == 2
+
+
+def test_the_layout_from_a_device_mesh_and_from_process_groups(group: None) -> None:
+    """Layout.from_mesh / from_groups on torch's own objects (one gloo rank: a 1x1x1 mesh)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from trainguard_sdk import Layout, identity_from_env
+
+    mesh = init_device_mesh("cpu", (1, 1, 1), mesh_dim_names=("dp", "pp", "tp"))
+    from_mesh = Layout.from_mesh(mesh)
+    assert (from_mesh.tp, from_mesh.pp, from_mesh.dp(1)) == (1, 1, 1)
+    from_groups = Layout.from_groups(tp=mesh.get_group("tp"), pp=mesh.get_group("pp"))
+    assert (from_groups.tp, from_groups.pp) == (1, 1)
+    env = {"TRAINGUARD_JOB_ID": "j", "RANK": "0", "WORLD_SIZE": "1"}
+    for layout in (from_mesh, from_groups):
+        ident = identity_from_env(env, layout=layout)
+        assert (ident.dp_rank, ident.pp_stage, ident.tp_rank,
+                ident.dp_size, ident.pp_size, ident.tp_size) == (0, 0, 0, 1, 1, 1)
