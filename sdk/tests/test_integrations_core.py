@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from trainguard_sdk import Layout
 from trainguard_sdk.integrations.core import (
     StepLoop,
     WallTimer,
@@ -250,6 +251,14 @@ def test_identity_from_the_launcher_first_else_the_framework() -> None:
         1, 2, "explicit", "job-b")
     ident = resolve_identity(0, 1, {"TRAINGUARD_JOB_ID": "job-c"})
     assert (ident.rank, ident.world_size, ident.launcher) == (0, 1, "single")
+
+
+def test_a_layout_applies_to_the_frameworks_rank_too() -> None:
+    """Under a framework's own launcher the layout is not checked against a world of 1."""
+    ident = resolve_identity(3, 4, {"LOCAL_RANK": "1", "TRAINGUARD_JOB_ID": "j"},
+                             layout=Layout(tp=2))
+    assert (ident.launcher, ident.rank, ident.dp_rank, ident.tp_rank, ident.tp_size) == (
+        "explicit", 3, 1, 1, 2)
 
 
 @pytest.mark.parametrize(("module", "framework"), [

@@ -221,11 +221,13 @@ def resolve_identity(framework_rank: int, framework_world: int,
     names the rank (a framework's own launcher that sets only LOCAL_RANK, say) but the
     framework runs more than one process, its rank and world size are used instead."""
     env = os.environ if env is None else env
-    ident = identity_from_env(env, **kwargs)  # type: ignore[arg-type]
-    if ident.launcher == "single" and framework_world > 1:
-        ident = identity_from_env(env, rank=framework_rank, world_size=framework_world,
-                                  **kwargs)  # type: ignore[arg-type]
-    return ident
+    # which launcher, before the layout (which a single process's world of 1 would not fit)
+    probe = {k: v for k, v in kwargs.items() if k != "layout"}
+    if (identity_from_env(env, **probe).launcher == "single"  # type: ignore[arg-type]
+            and framework_world > 1):
+        return identity_from_env(env, rank=framework_rank, world_size=framework_world,
+                                 **kwargs)  # type: ignore[arg-type]
+    return identity_from_env(env, **kwargs)  # type: ignore[arg-type]
 
 
 def batch_size(batch: object) -> int | None:

@@ -108,6 +108,9 @@ class TrainguardCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.loop is not None:
+            # the step already done (resumed): a micro-batch of the first optimizer step
+            # ends with this global step, and is not a step of its own
+            self.loop.last_step = trainer.global_step
             self.loop.timer, self.timing = timer_for(trainer.strategy.model, hook=self.hook,
                                                      state=self.hook_state,
                                                      reporter=self.reporter)
