@@ -29,6 +29,7 @@ from trainguard_sdk import identity_from_env  # trainguard
 from trainguard_sdk.checkpoint.collective import TorchCollective  # trainguard
 from trainguard_sdk.checkpoint.manager import CheckpointConfig, CheckpointManager  # trainguard
 from trainguard_sdk.ddp import StepTimer  # trainguard
+from trainguard_sdk.integrations.core import StepLoop  # trainguard
 
 
 def main() -> int:
@@ -52,26 +53,31 @@ def main() -> int:
     start = restored.progress.step if restored else 0  # trainguard
 
     ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
-    timer = StepTimer(ddp)  # trainguard
+    # trainguard: each step reported under its own number (on CUDA the timer's figures come a
+    # step late), with the section of the step the rank is in for the heartbeats
+    loop = StepLoop(tg, ident.world_size, samples=start * 32 * ident.world_size)  # trainguard
+    loop.timer = StepTimer(ddp, reporter=tg)  # trainguard: own compute, DDP's overlap kept
     rank, world = dist.get_rank(), dist.get_world_size()
     g = torch.Generator()
     for step in range(start + 1, steps + 1):
         g.manual_seed(step * world + rank)  # this step's shard: the data position is the step
         x, y = torch.randn(32, 16, generator=g), torch.randint(0, 4, (32,), generator=g)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        timer.start()  # trainguard
+        loop.begin()  # trainguard: the step starts (forward)
+        loop.add_batch(32)  # trainguard
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(ddp(x), y)
+        loop.backward()  # trainguard
         loss.backward()
+        loop.optimizer()  # trainguard
         optimizer.step()
-        t = timer.stop()  # trainguard
-        if t is not None:  # trainguard
-            samples = step * 32 * ident.world_size  # trainguard
-            # the loss only off the GPU: .item() on CUDA would synchronise every step
-            tg.step(step, samples, t.compute_ms, comm_ms=t.comm_ms,  # trainguard
-                    step_ms=t.step_ms, loss=None if cuda else loss.item())  # trainguard
+        # the loss only off the GPU: .item() on CUDA would synchronise every step
+        loop.end(step, loss=None if cuda else loss.item())  # trainguard: report, then data
         if ckpt.due(step):  # trainguard
-            ckpt.save(step, step * 32 * ident.world_size, ddp, optimizer)  # trainguard
+            loop.checkpoint()  # trainguard
+            ckpt.save(step, loop.samples, ddp, optimizer)  # trainguard
+            loop.data()  # trainguard
+    loop.flush()  # trainguard: the last step's figures (on CUDA they wait for the device)
     tg.close()  # trainguard
     dist.destroy_process_group()
     return 0

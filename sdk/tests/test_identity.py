@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
-from trainguard_sdk import IdentityError, Layout, identity_from_env
+from trainguard_sdk import IdentityError, Layout, identity_from_env, wire
 from trainguard_sdk.identity import composite_epoch
 
 TORCHRUN = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "GROUP_RANK": "2",
@@ -91,3 +95,91 @@ def test_errors_are_one_line_and_name_the_variable(env: dict[str, str], kwargs: 
     with pytest.raises(IdentityError) as err:
         identity_from_env(env, **kwargs)  # type: ignore[arg-type]
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+class FakeMesh:
+    """The part of torch's DeviceMesh that ``Layout.from_mesh`` reads."""
+
+    def __init__(self, names: tuple[str, ...] | None, shape: tuple[int, ...]) -> None:
+        self.mesh_dim_names = names
+        self.shape = shape
+
+    def size(self, dim: int) -> int:
+        return self.shape[dim]
+
+
+@pytest.mark.parametrize(("names", "shape", "want"), [
+    (("pp", "dp", "tp"), (2, 2, 2), Layout(tp=2, pp=2)),  # Megatron's order
+    (("dp", "tp"), (4, 2), Layout(tp=2)),
+    (("dp", "pp", "tp"), (2, 2, 2), Layout(tp=2, pp=2, order=("dp", "pp", "tp"))),
+    (("pp", "dp_replicate", "dp_shard", "cp", "tp"), (2, 2, 2, 1, 2), Layout(tp=2, pp=2)),
+    (("data_parallel", "tensor_parallel"), (2, 4), Layout(tp=4)),  # Lightning's names
+    (("tp", "dp"), (2, 4), Layout(tp=2, order=("pp", "tp", "dp"))),
+    (("dp",), (8,), Layout()),
+])
+def test_layout_from_a_mesh(names: tuple[str, ...], shape: tuple[int, ...],
+                            want: Layout) -> None:
+    got = Layout.from_mesh(FakeMesh(names, shape))
+    world = 1
+    for n in shape:
+        world *= n
+    assert [got.coordinates(r, world) for r in range(world)] == [
+        want.coordinates(r, world) for r in range(world)]
+    assert (got.tp, got.pp, got.dp(world)) == (want.tp, want.pp, want.dp(world))
+
+
+def test_a_mesh_layout_reaches_the_identity_like_a_given_one() -> None:
+    env = {"TRAINGUARD_JOB_ID": "j", "WORLD_SIZE": "8"}
+    mesh = FakeMesh(("dp", "pp", "tp"), (2, 2, 2))  # pp between dp and tp
+    got = [identity_from_env({**env, "RANK": str(r)}, layout=Layout.from_mesh(mesh))
+           for r in range(8)]
+    # row-major over (dp, pp, tp): rank = dp*4 + pp*2 + tp
+    assert [(i.dp_rank, i.pp_stage, i.tp_rank) for i in got] == [
+        (r // 4, r // 2 % 2, r % 2) for r in range(8)]
+    assert {(i.dp_size, i.pp_size, i.tp_size) for i in got} == {(2, 2, 2)}
+    given = identity_from_env({**env, "RANK": "5"},
+                              layout=Layout(tp=2, pp=2, order=("dp", "pp", "tp")))
+    assert got[5] == given
+
+
+@pytest.mark.parametrize(("world", "tp", "pp", "want"), [
+    (8, [2, 3], [1, 5], Layout(tp=2, pp=2)),  # Megatron: tp stride 1, pp stride tp*dp = 4
+    (8, [4, 5], [5, 7], Layout(tp=2, pp=2, order=("dp", "pp", "tp"))),
+    (8, [1, 5], None, Layout(tp=2, order=("tp", "dp", "pp"))),  # tp slowest: stride 4
+    (4, None, None, Layout()),
+])
+def test_layout_from_group_ranks(world: int, tp: list[int] | None, pp: list[int] | None,
+                                 want: Layout) -> None:
+    got = Layout.from_ranks(world, tp=tp, pp=pp)
+    assert [got.coordinates(r, world) for r in range(world)] == [
+        want.coordinates(r, world) for r in range(world)]
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: Layout.from_mesh(FakeMesh(None, (2,))), "no dimension names"),
+    (lambda: Layout.from_mesh(FakeMesh(("dp", "tp", "cp"), (2, 2, 2))), "not adjacent"),
+    (lambda: Layout.from_mesh(FakeMesh(("tp", "tensor_parallel"), (2, 2))), "two tp"),
+    (lambda: Layout.from_ranks(8, tp=[0, 2, 5]), "not a multiple"),
+    (lambda: Layout.from_ranks(8, tp=[0, 3]), "not dimensions of a pp/dp/tp grid"),
+    (lambda: Layout(order=("dp", "tp")), "Layout.order"),
+])
+def test_layout_errors_are_one_line(make: Callable[[], Layout], message: str) -> None:
+    with pytest.raises(IdentityError) as err:
+        make()
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_mesh_layout_reaches_the_step_reports(agent_socket: tuple[Path, socket.socket]) -> None:
+    path, rx = agent_socket
+    env = {"TRAINGUARD_JOB_ID": "j", "RANK": "6", "WORLD_SIZE": "8"}
+    reports = []
+    for layout in (Layout.from_mesh(FakeMesh(("dp", "pp", "tp"), (2, 2, 2))),
+                   Layout(tp=2, pp=2, order=("dp", "pp", "tp"))):
+        with identity_from_env(env, layout=layout).reporter(
+                socket_path=path, heartbeat_interval_s=None) as tg:
+            assert tg.step(1, 8, 1.0)
+        frame = wire.decode(rx.recv(wire.MAX_DATAGRAM))
+        rx.recv(wire.MAX_DATAGRAM)  # the closing heartbeat
+        assert isinstance(frame, wire.StepFrame)
+        reports.append((frame.dp_rank, frame.pp_stage, frame.tp_rank))
+    assert reports == [(1, 1, 0), (1, 1, 0)]  # rank 6 = dp 1 * 4 + pp 1 * 2 + tp 0

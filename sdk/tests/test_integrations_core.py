@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from trainguard_sdk import Layout
 from trainguard_sdk.integrations.core import (
     StepLoop,
     WallTimer,
@@ -20,6 +21,7 @@ from trainguard_sdk.integrations.core import (
     dir_size,
     resolve_identity,
 )
+from trainguard_sdk.wire import Section
 
 
 class FakeClock:
@@ -37,6 +39,9 @@ class FakeClock:
 class Sink:
     steps: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[tuple[Any, ...]] = field(default_factory=list)
+    # what the heartbeats would say, in order: a section's name, "step N" (a report, which
+    # ends the section) or "-" (no section)
+    sections: list[str] = field(default_factory=list)
 
     def step(self, step: int, samples_consumed: int, compute_ms: float,
              comm_ms: float | None = None, data_wait_ms: float | None = None,
@@ -45,7 +50,14 @@ class Sink:
         self.steps.append({"step": step, "samples": samples_consumed, "compute": compute_ms,
                            "comm": comm_ms, "wait": data_wait_ms, "step_ms": step_ms,
                            "loss": loss})
+        self.sections.append(f"step {step}")
         return True
+
+    def section(self, section: Section) -> None:
+        self.sections.append(section.name.lower())
+
+    def end_section(self) -> None:
+        self.sections.append("-")
 
     def heartbeat(self, phase: str = "step") -> bool:
         return True
@@ -79,6 +91,10 @@ class LaggingTimer:
             return None
         i = self.index - 1
         return HookTiming(i, float(i), 1.0, 10.0 + i)
+
+    def flush(self) -> HookTiming | None:
+        i = self.index
+        return None if i < 0 else HookTiming(i, float(i), 1.0, 10.0 + i)
 
 
 def test_wall_timer_reports_the_whole_step_as_compute_and_no_comm() -> None:
@@ -122,11 +138,72 @@ def test_a_timer_one_step_late_is_reported_under_its_own_step() -> None:
         loop.add_batch(2)
         sent.append(loop.end(step, loss=float(step)))
     assert sent == [False, True, True]
-    # the figures of start 0 under step 10 with step 10's samples; the loss belongs to the
-    # step just ended, so it is not attached to the previous step's figures
+    # the figures of start 0 under step 10 with step 10's samples and loss
     assert [(s["step"], s["samples"], s["compute"], s["comm"], s["loss"]) for s in sink.steps] \
-        == [(10, 2, 0.0, 1.0, None), (11, 4, 1.0, 1.0, None)]
+        == [(10, 2, 0.0, 1.0, 10.0), (11, 4, 1.0, 1.0, 11.0)]
     assert len(loop._pending) == 1  # only the step whose figures are still to come
+    assert loop.flush()  # after training: the last step's figures
+    assert not loop.flush()  # once
+    assert [(s["step"], s["samples"], s["compute"], s["loss"]) for s in sink.steps][-1] == (
+        12, 6, 2.0, 12.0)
+
+
+def test_flush_without_a_lagging_timer_reports_nothing() -> None:
+    sink = Sink()
+    loop = StepLoop(sink, world_size=1, clock=FakeClock())
+    loop.begin()
+    loop.end(1)
+    assert not loop.flush() and [s["step"] for s in sink.steps] == [1]
+
+
+def _lightning_step(loop: StepLoop, step: int, micro: int = 1) -> None:
+    """Lightning's hook order for one optimizer step of ``micro`` micro-batches."""
+    for m in range(micro):
+        loop.begin()                 # on_train_batch_start
+        loop.backward()              # on_before_backward
+        loop.optimizer()             # on_after_backward
+        if m == micro - 1:
+            loop.optimizer()         # on_before_optimizer_step
+            loop.end(step)           # on_train_batch_end, the step done
+        else:
+            loop.data()              # on_train_batch_end of a micro-batch
+
+
+def test_sections_follow_lightnings_hooks() -> None:
+    sink = Sink()
+    loop = StepLoop(sink, world_size=1, clock=FakeClock())
+    _lightning_step(loop, 1)
+    _lightning_step(loop, 2, micro=2)
+    loop.checkpoint()                # on_save_checkpoint (ModelCheckpoint at the batch's end)
+    loop.checkpoint_written(2, "/c/step=2.ckpt")
+    loop.data()                      # the writer, once its file is written
+    loop.outside()                   # on_validation_start
+    loop.data()                      # on_validation_end
+    assert sink.sections == [
+        "forward", "backward", "optimizer", "optimizer", "step 1", "data",
+        "forward", "backward", "optimizer", "data",
+        "forward", "backward", "optimizer", "optimizer", "step 2", "data",
+        "checkpoint", "data", "-", "data"]
+
+
+def test_sections_follow_hugging_faces_hooks_with_a_lagging_timer() -> None:
+    """The Trainer: no backward hook; with figures one step late the first step reports
+    nothing, and its data section follows all the same."""
+    sink = Sink()
+    loop = StepLoop(sink, world_size=1, clock=FakeClock())
+    loop.timer = LaggingTimer()
+    for step in (1, 2):
+        loop.begin()                 # on_step_begin
+        loop.optimizer()             # on_pre_optimizer_step
+        loop.end(step)               # on_step_end
+    loop.checkpoint()                # on_step_end, control.should_save
+    loop.data()                      # on_save
+    loop.outside()                   # on_step_end, control.should_evaluate
+    loop.data()                      # on_evaluate
+    assert sink.sections == [
+        "forward", "optimizer", "data",
+        "forward", "optimizer", "step 1", "data",
+        "checkpoint", "data", "-", "data"]
 
 
 def test_checkpoint_written_carries_the_samples_so_far() -> None:
@@ -174,6 +251,14 @@ def test_identity_from_the_launcher_first_else_the_framework() -> None:
         1, 2, "explicit", "job-b")
     ident = resolve_identity(0, 1, {"TRAINGUARD_JOB_ID": "job-c"})
     assert (ident.rank, ident.world_size, ident.launcher) == (0, 1, "single")
+
+
+def test_a_layout_applies_to_the_frameworks_rank_too() -> None:
+    """Under a framework's own launcher the layout is not checked against a world of 1."""
+    ident = resolve_identity(3, 4, {"LOCAL_RANK": "1", "TRAINGUARD_JOB_ID": "j"},
+                             layout=Layout(tp=2))
+    assert (ident.launcher, ident.rank, ident.dp_rank, ident.tp_rank, ident.tp_size) == (
+        "explicit", 3, 1, 1, 2)
 
 
 @pytest.mark.parametrize(("module", "framework"), [

@@ -15,15 +15,20 @@ when each gradient bucket became ready on this rank and when its exchange comple
         timer.start()                      # the step begins (after the batch is loaded)
         loss_fn(ddp(x), y).backward(); optimizer.step()
         t = timer.stop()                   # StepTiming, or None (see CUDA below)
-        if t is not None:
-            reporter.step(step, samples, t.compute_ms, comm_ms=t.comm_ms, step_ms=t.step_ms)
+        if t is not None:                  # t.index: the start() it belongs to (CUDA: lags)
+            done = first_step + t.index
+            reporter.step(done, samples_at(done), t.compute_ms, comm_ms=t.comm_ms,
+                          step_ms=t.step_ms)
 
 On CPU the times come from the monotonic clock (``time.perf_counter_ns``) read in the hook and
 in the exchange's completion callback. On CUDA the hook records CUDA events on the current
 stream instead (the host runs ahead of the device: a host clock read in the hook says when the
 kernel was queued, not when the gradient was computed), and ``stop()`` returns the *previous*
 step's figures, read from events that step recorded; it never synchronises: when those events
-have not completed yet, that step is skipped (``skipped`` counts them). Events are allocated
+have not completed yet, that step is skipped (``skipped`` counts them). ``StepTiming.index``
+says which step the figures belong to: report them under that step's number (or let
+``trainguard_sdk.integrations.core.StepLoop`` do it); after the loop, ``flush()`` gives the
+last step's (one synchronisation). Events are allocated
 once (two sets, alternating), and re-recorded every bucket, so the last record is the last
 bucket's.
 
@@ -91,6 +96,7 @@ class _Events:
         self.done, self.end = ev(True), ev(True)  # type: ignore[no-untyped-call]
         self.buckets = 0
         self.index = -1
+        self.stopped = False  # end recorded by stop()
 
 
 class StepTimer:
@@ -129,6 +135,7 @@ class StepTimer:
             cur = self._events[self.index % 2]
             cur.index = self.index
             cur.buckets = 0
+            cur.stopped = False
             cur.start.record()
             self._cur = cur
         else:
@@ -158,19 +165,36 @@ class StepTimer:
         if cur is None:
             return None
         cur.end.record()
+        cur.stopped = True
         prev = self._events[(self.index - 1) % 2]
         if prev.index != self.index - 1 or prev.index < 0:
             return None
         if not prev.end.query():  # type: ignore[no-untyped-call]  # not complete: skip rather than synchronise
             self.skipped += 1
             return None
-        step = prev.start.elapsed_time(prev.end)
-        if prev.buckets == 0:
-            return StepTiming(prev.index, step, 0.0, step, 0, 0.0)
-        compute = prev.start.elapsed_time(prev.last)
-        comm = max(prev.last.elapsed_time(prev.done), 0.0)
-        spread = prev.first.elapsed_time(prev.last)
-        return StepTiming(prev.index, compute, comm, step, prev.buckets, spread)
+        return self._read(prev)
+
+    def flush(self) -> Optional[StepTiming]:
+        """The last step's figures, which on CUDA ``stop()`` leaves for the next step: waits
+        for its events (a synchronisation: call it once, after the loop). None on CPU
+        (``stop()`` gave them), before the step's ``stop()``, or when already flushed."""
+        cur = self._cur
+        if not self.cuda or cur is None or cur.index != self.index or not cur.stopped:
+            return None
+        cur.end.synchronize()
+        timing = self._read(cur)
+        cur.index = -1  # read: the next stop() does not read it again
+        return timing
+
+    @staticmethod
+    def _read(ev: _Events) -> StepTiming:
+        step = ev.start.elapsed_time(ev.end)
+        if ev.buckets == 0:
+            return StepTiming(ev.index, step, 0.0, step, 0, 0.0)
+        compute = ev.start.elapsed_time(ev.last)
+        comm = max(ev.last.elapsed_time(ev.done), 0.0)
+        spread = ev.first.elapsed_time(ev.last)
+        return StepTiming(ev.index, compute, comm, step, ev.buckets, spread)
 
     # -- DDP's side (the autograd thread, and the exchange's completion) ---------------------
 

@@ -35,7 +35,17 @@ new step or requeues the job (where torchrun's own counter starts again at 0).
 
 The parallel layout is given once (``Layout(tp=, pp=)``; dp is what remains of the world):
 ranks are ordered tp fastest, then dp, then pp (Megatron-LM's default order), so
-``tp_rank = rank % tp``, ``dp_rank = (rank // tp) % dp``, ``pp_stage = rank // (tp * dp)``.
+``tp_rank = rank % tp``, ``dp_rank = (rank // tp) % dp``, ``pp_stage = rank // (tp * dp)``;
+``Layout(tp=, pp=, order=("dp", "pp", "tp"))`` names another order (slowest first). Or it is
+taken from the framework (torch imported only then):
+
+- ``Layout.from_mesh(mesh)``: a ``torch.distributed.DeviceMesh`` with named dimensions; the
+  dimension named "tp" (or "tensor_parallel") gives tp, "pp" (or "pipeline_parallel") pp, and
+  every other one (dp, dp_replicate, dp_shard, cp ...) is data-parallel; the order is the mesh's
+  (a mesh is row-major over its ranks: its last dimension is the fastest);
+- ``Layout.from_groups(tp=group, pp=group)``: torch.distributed process groups (Megatron's
+  ``get_tensor_model_parallel_group()`` ...); sizes from the groups, the order from the stride
+  of their ranks (``Layout.from_ranks``, pure).
 
 Bad values raise ``IdentityError`` (a ``ValueError``) with one line naming the variable and
 its value. Standard library only.
@@ -44,8 +54,9 @@ its value. Standard library only.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import permutations
 from typing import Any, Final
 
 from trainguard_sdk import wire
@@ -63,6 +74,9 @@ ELASTIC_MAX: Final = (1 << STEP_SHIFT) - 1
 SLURM_SPECIAL_STEP: Final = 0xFFFFFFF0  # batch, extern, interactive ... steps lie above
 
 LAUNCHERS: Final = ("explicit", "trainguard", "torchelastic", "slurm", "single")
+DIMS: Final = ("pp", "dp", "tp")  # Megatron-LM's default order, slowest first
+MESH_TP: Final = ("tp", "tensor_parallel")  # names of a mesh's tensor-parallel dimension
+MESH_PP: Final = ("pp", "pipeline_parallel")
 
 
 class IdentityError(ValueError):
@@ -71,16 +85,20 @@ class IdentityError(ValueError):
 
 @dataclass(frozen=True)
 class Layout:
-    """The parallel layout: tensor- and pipeline-parallel sizes; data-parallel is the rest."""
+    """The parallel layout: tensor- and pipeline-parallel sizes; data-parallel is the rest.
+    ``order``: the three dimensions slowest first (a rank is row-major over them)."""
 
     tp: int = 1
     pp: int = 1
+    order: tuple[str, ...] = DIMS
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise IdentityError(f"Layout.{name}: an int >= 1, got {value!r}")
+        if not isinstance(self.order, tuple) or sorted(self.order) != sorted(DIMS):
+            raise IdentityError(f"Layout.order: a permutation of {DIMS}, got {self.order!r}")
 
     def dp(self, world_size: int) -> int:
         per = self.tp * self.pp
@@ -91,8 +109,95 @@ class Layout:
 
     def coordinates(self, rank: int, world_size: int) -> tuple[int, int, int]:
         """(dp_rank, pp_stage, tp_rank) of ``rank``."""
-        dp = self.dp(world_size)
-        return (rank // self.tp) % dp, rank // (self.tp * dp), rank % self.tp
+        sizes = {"pp": self.pp, "dp": self.dp(world_size), "tp": self.tp}
+        coord: dict[str, int] = {}
+        for name in reversed(self.order):  # the fastest first
+            rank, coord[name] = divmod(rank, sizes[name])
+        return coord["dp"], coord["pp"], coord["tp"]
+
+    # -- taken from the framework -----------------------------------------------------------
+
+    @classmethod
+    def from_dims(cls, dims: Iterable[tuple[str, int]], *,
+                  tp: str | Sequence[str] = MESH_TP,
+                  pp: str | Sequence[str] = MESH_PP) -> Layout:
+        """From a mesh's (name, size) dimensions, slowest first: the one named in ``tp`` gives
+        tp, in ``pp`` pp; the others are data-parallel and must be adjacent (dims of size 1
+        do not count)."""
+        dims = list(dims)
+        tp, pp = _names(tp), _names(pp)
+        sizes = {"tp": 1, "pp": 1}
+        kinds: list[str] = []
+        for name, size in dims:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+                raise IdentityError(f"Layout.from_mesh: dimension {name!r} has size {size!r}")
+            kind = "tp" if name in tp else "pp" if name in pp else "dp"
+            if kind != "dp":
+                if sizes[kind] != 1 and size != 1:
+                    raise IdentityError(f"Layout.from_mesh: two {kind} dimensions in {dims}")
+                sizes[kind] *= size
+            if size > 1 and (not kinds or kinds[-1] != kind):
+                kinds.append(kind)
+        if len(kinds) != len(set(kinds)):
+            raise IdentityError(f"Layout.from_mesh: the data-parallel dimensions of {dims} are "
+                                "not adjacent (split by tp or pp)")
+        order = tuple(d for d in DIMS if d not in kinds) + tuple(kinds)
+        return cls(tp=sizes["tp"], pp=sizes["pp"], order=order)
+
+    @classmethod
+    def from_mesh(cls, mesh: Any, *, tp: str | Sequence[str] = MESH_TP,
+                  pp: str | Sequence[str] = MESH_PP) -> Layout:
+        """From a ``torch.distributed.DeviceMesh`` with named dimensions (see ``from_dims``);
+        its ranks must be 0..N-1 in row-major order (as ``init_device_mesh`` makes them)."""
+        names = getattr(mesh, "mesh_dim_names", None)
+        if not names:
+            raise IdentityError("Layout.from_mesh: the mesh has no dimension names (build it "
+                                "with mesh_dim_names=, e.g. ('dp', 'tp'))")
+        layout = cls.from_dims([(str(n), int(mesh.size(i))) for i, n in enumerate(names)],
+                               tp=tp, pp=pp)
+        ranks = getattr(mesh, "mesh", None)
+        if ranks is not None:
+            flat = [int(r) for r in ranks.flatten().tolist()]
+            if flat != list(range(len(flat))):
+                raise IdentityError(f"Layout.from_mesh: the mesh's ranks {flat[:8]} are not "
+                                    "0..N-1 in row-major order")
+        return layout
+
+    @classmethod
+    def from_ranks(cls, world_size: int, *, tp: Sequence[int] | None = None,
+                   pp: Sequence[int] | None = None) -> Layout:
+        """From the global ranks in this rank's tensor- and pipeline-parallel groups: sizes
+        from their lengths, the order from their strides (Megatron's when any fits)."""
+        groups = {"tp": sorted(tp or [0]), "pp": sorted(pp or [0])}
+        sizes = {"tp": len(groups["tp"]), "pp": len(groups["pp"])}
+        per = sizes["tp"] * sizes["pp"]
+        if world_size < 1 or world_size % per:
+            raise IdentityError(f"Layout.from_groups: world size {world_size} is not a multiple "
+                                f"of tp*pp = {per}")
+        sizes["dp"] = world_size // per
+        for order in permutations(DIMS):
+            stride = 1
+            strides: dict[str, int] = {}
+            for name in reversed(order):
+                strides[name] = stride
+                stride *= sizes[name]
+            if all(all(b - a == strides[k] for a, b in zip(g, g[1:]))
+                   for k, g in groups.items()):
+                return cls(tp=sizes["tp"], pp=sizes["pp"], order=order)
+        raise IdentityError(f"Layout.from_groups: tp ranks {groups['tp'][:8]} and pp ranks "
+                            f"{groups['pp'][:8]} are not dimensions of a pp/dp/tp grid of "
+                            f"{world_size} ranks")
+
+    @classmethod
+    def from_groups(cls, *, tp: Any = None, pp: Any = None) -> Layout:
+        """From ``torch.distributed`` process groups (None: that dimension is 1); needs the
+        default process group initialised."""
+        import torch.distributed as dist
+
+        def ranks(group: Any) -> list[int] | None:
+            return None if group is None else list(dist.get_process_group_ranks(group))
+
+        return cls.from_ranks(dist.get_world_size(), tp=ranks(tp), pp=ranks(pp))
 
 
 @dataclass(frozen=True)
@@ -118,6 +223,10 @@ class Identity:
         return StepReporter(self.job_id, self.rank, self.world_size, dp_rank=self.dp_rank,
                             pp_stage=self.pp_stage, tp_rank=self.tp_rank,
                             binding_epoch=self.binding_epoch, **kwargs)
+
+
+def _names(names: str | Sequence[str]) -> tuple[str, ...]:
+    return (names,) if isinstance(names, str) else tuple(names)
 
 
 def _int(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:

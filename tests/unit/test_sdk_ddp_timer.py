@@ -91,6 +91,9 @@ class FakeEvent:
     def query(self) -> bool:
         return FakeEvent.complete
 
+    def synchronize(self) -> None:
+        assert self.at is not None
+
     def elapsed_time(self, end: FakeEvent) -> float:
         assert self.at is not None and end.at is not None
         return end.at - self.at
@@ -151,3 +154,97 @@ def test_the_integrations_install_the_timer_on_ddp_else_fall_back_to_the_wall_cl
     assert isinstance(plain, WallTimer) and "not DistributedDataParallel" in how
     assert sum("step timing from the wall clock" in r.getMessage()
                for r in caplog.records) == 2
+
+
+def test_the_layout_from_a_device_mesh_and_from_process_groups(group: None) -> None:
+    """Layout.from_mesh / from_groups on torch's own objects (one gloo rank: a 1x1x1 mesh)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from trainguard_sdk import Layout, identity_from_env
+
+    mesh = init_device_mesh("cpu", (1, 1, 1), mesh_dim_names=("dp", "pp", "tp"))
+    from_mesh = Layout.from_mesh(mesh)
+    assert (from_mesh.tp, from_mesh.pp, from_mesh.dp(1)) == (1, 1, 1)
+    from_groups = Layout.from_groups(tp=mesh.get_group("tp"), pp=mesh.get_group("pp"))
+    assert (from_groups.tp, from_groups.pp) == (1, 1)
+    env = {"TRAINGUARD_JOB_ID": "j", "RANK": "0", "WORLD_SIZE": "1"}
+    for layout in (from_mesh, from_groups):
+        ident = identity_from_env(env, layout=layout)
+        assert (ident.dp_rank, ident.pp_stage, ident.tp_rank,
+                ident.dp_size, ident.pp_size, ident.tp_size) == (0, 0, 0, 1, 1, 1)
+
+
+class StepSink:
+    """Records what a loop reports: (step, samples, loss)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int, float | None]] = []
+
+    def step(self, step: int, samples_consumed: int, compute_ms: float,
+             comm_ms: float | None = None, data_wait_ms: float | None = None,
+             step_ms: float | None = None, loss: float | None = None,
+             shard_offset: int | None = None) -> bool:
+        assert compute_ms >= 1.0 and comm_ms is not None  # the timer's figures, not the wall's
+        self.steps.append((step, samples_consumed, loss))
+        return True
+
+    def section(self, section: Any) -> None:
+        pass
+
+    def end_section(self) -> None:
+        pass
+
+    def heartbeat(self, phase: str = "step") -> bool:
+        return True
+
+    def checkpoint(self, action: str, step: int, samples_consumed: int, path: str, *,
+                   sha256: str | None = None, size_bytes: int | None = None,
+                   write_ms: float | None = None, reason: str | None = None) -> bool:
+        return True
+
+
+def test_cuda_figures_are_reported_under_their_own_step_by_the_reference_workload(
+        group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainguard.workload.ddp's loop: the figures a stop() returns belong to the previous
+    step on CUDA, and go out under that step's number with that step's own position and loss;
+    a step whose events were not complete is not reported; the last one comes at flush()."""
+    from trainguard.workload.ddp import StepFigures, StepLabels
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.001)
+    timer, labels, sink = StepTimer(ddp, cuda=True), StepLabels(), StepSink()
+    reported = []
+    for step in range(11, 16):  # resumed at step 10
+        _step(ddp, timer)
+        FakeEvent.complete = step != 13  # step 12's events are not complete when read at 13
+        try:
+            timing = timer.stop()
+        finally:
+            FakeEvent.complete = True
+        figures = StepFigures(step, step * 8, data_wait_ms=0.5, step_ms=9.0, loss=step / 10)
+        reported.append(labels.report(sink, timer.index, figures, timing))
+    reported.append(labels.report(sink, timer.index, None, timer.flush()))
+    assert reported == [None, 11, None, 13, 14, 15]
+    assert sink.steps == [(s, s * 8, s / 10) for s in (11, 13, 14, 15)]
+    assert timer.flush() is None and timer.skipped == 1  # flushed once; 12 skipped
+
+
+def test_cuda_figures_are_reported_under_their_own_step_by_the_step_loop(
+        group: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """StepLoop (examples/torchrun_train.py and the Lightning / HF callbacks) on the CUDA
+    path: every step under its own number, the last one at flush()."""
+    from trainguard_sdk.integrations.core import StepLoop
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    ddp = DistributedDataParallel(_model(), bucket_cap_mb=0.001)
+    sink = StepSink()
+    loop = StepLoop(sink, world_size=2, samples=4 * 32 * 2)  # resumed after step 4
+    loop.timer = StepTimer(ddp, cuda=True)
+    sent = []
+    for step in (5, 6, 7):
+        loop.begin()
+        loop.add_batch(32)
+        ddp(torch.ones(4, 8)).sum().backward()
+        sent.append(loop.end(step, loss=float(step)))
+    assert sent == [False, True, True]
+    assert loop.flush() and not loop.flush()
+    assert sink.steps == [(5, 320, 5.0), (6, 384, 6.0), (7, 448, 7.0)]

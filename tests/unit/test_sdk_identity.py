@@ -77,3 +77,22 @@ def test_the_layout_is_a_bijection(tp: int, pp: int, dp: int) -> None:
     coords = [layout.coordinates(r, world) for r in range(world)]
     assert len(set(coords)) == world
     assert all(0 <= d < dp and 0 <= p < pp and 0 <= t < tp for d, p, t in coords)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.permutations(["pp", "dp", "tp"]), st.integers(1, 4), st.integers(1, 4),
+       st.integers(1, 4), st.data())
+def test_a_layout_is_found_again_from_its_groups(order: list[str], tp: int, pp: int, dp: int,
+                                                 data: st.DataObject) -> None:
+    """The ranks of one rank's tp and pp groups under any order give back the same layout."""
+    layout, world = Layout(tp=tp, pp=pp, order=tuple(order)), tp * pp * dp
+    coords = [layout.coordinates(r, world) for r in range(world)]
+    me = coords[data.draw(st.integers(0, world - 1))]
+    tp_group = [r for r, c in enumerate(coords) if c[:2] == me[:2]]  # same dp and pp
+    pp_group = [r for r, c in enumerate(coords) if (c[0], c[2]) == (me[0], me[2])]
+    found = Layout.from_ranks(world, tp=tp_group, pp=pp_group)
+    assert [found.coordinates(r, world) for r in range(world)] == coords
+    # and the mesh of that order (row-major over it) gives it too
+    sizes = {"pp": pp, "dp": dp, "tp": tp}
+    mesh = Layout.from_dims([(name, sizes[name]) for name in order])
+    assert [mesh.coordinates(r, world) for r in range(world)] == coords

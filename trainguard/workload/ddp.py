@@ -35,10 +35,12 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Final, NoReturn
+from typing import Final, NoReturn, Protocol
 
+from trainguard_sdk.integrations.core import Timing
 from trainguard_sdk.wire import Section
 
 EXIT_OK: Final = 0
@@ -49,6 +51,50 @@ EXIT_CKPT_LOAD: Final = 5
 ENV_BINDING_EPOCH: Final = "TRAINGUARD_BINDING_EPOCH"
 
 log = logging.getLogger("trainguard.workload.ddp")
+
+
+class StepSink(Protocol):
+    def step(self, step: int, samples_consumed: int, compute_ms: float,
+             comm_ms: float | None = None, data_wait_ms: float | None = None,
+             step_ms: float | None = None, loss: float | None = None,
+             shard_offset: int | None = None) -> bool: ...
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What the loop measured of one step itself, held until the timer's figures for it."""
+
+    step: int
+    position: int
+    data_wait_ms: float
+    step_ms: float
+    loss: float
+
+
+class StepLabels:
+    """Reports each step's figures under that step's number: on CUDA ``StepTimer.stop()``
+    gives the previous step's (``Timing.index`` says which start they belong to), so the
+    loop's own figures of a step wait here until the timer's come."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, StepFigures] = {}
+
+    def report(self, sink: StepSink, index: int, figures: StepFigures | None,
+               timing: Timing | None) -> int | None:
+        """Hold ``figures`` (of the timer's start ``index``), then report the step ``timing``
+        belongs to; its step number, or None when nothing was reported."""
+        if figures is not None:
+            self._held[index] = figures
+        if timing is None:
+            return None
+        own = self._held.pop(timing.index, None)
+        for old in [i for i in self._held if i < timing.index]:
+            del self._held[old]
+        if own is None:
+            return None
+        sink.step(own.step, own.position, compute_ms=timing.compute_ms, comm_ms=timing.comm_ms,
+                  data_wait_ms=own.data_wait_ms, step_ms=own.step_ms, loss=own.loss)
+        return own.step
 
 
 def parser() -> argparse.ArgumentParser:
@@ -226,6 +272,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     # The reporter's heartbeats say which section of the step the rank is in (the timer enters
     # "comm" when this rank's last bucket is ready: from there it waits for its peers).
     timer = StepTimer(ddp, reporter=reporter)
+    labels = StepLabels()  # on CUDA the timer's figures come a step late: each under its step
     loss_fn = torch.nn.CrossEntropyLoss()
     global_batch = args.batch * world
     stall = _stall(args.stall)
@@ -254,17 +301,15 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
         except RuntimeError as exc:
             leave(EXIT_PEER_LOST, f"lost a peer at step {step + 1}: {exc}")
         timing = timer.stop()  # on CUDA the previous step's figures (None at first)
-        t2 = time.perf_counter()
         step += 1
         position += global_batch
         floor_s = args.step_ms / 1000 - (time.perf_counter() - t0)
         if floor_s > 0:
             time.sleep(floor_s)
-        reporter.step(step, position,
-                      compute_ms=timing.compute_ms if timing else (t2 - t1) * 1000,
-                      comm_ms=timing.comm_ms if timing else None,
-                      data_wait_ms=(t1 - t0) * 1000,
-                      step_ms=(time.perf_counter() - t0) * 1000, loss=loss_value)
+        labels.report(reporter, timer.index,
+                      StepFigures(step, position, data_wait_ms=(t1 - t0) * 1000,
+                                  step_ms=(time.perf_counter() - t0) * 1000, loss=loss_value),
+                      timing)
         progress.write("step", step=step, samples_consumed=position,
                        data_epoch=stream.epoch_of(position - 1), loss=loss_value)
         try:
@@ -283,6 +328,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
                 leave(EXIT_PEER_LOST, f"lost a peer while checkpointing step {step}: {exc}")
             reporter.end_section()
             progress.write("checkpoint", step=step, samples_consumed=position)
+    labels.report(reporter, timer.index, None, timer.flush())  # CUDA: the last step's figures
     manager.close()
     progress.write("exit", code=EXIT_OK, reason="done")
     progress.close()

@@ -3,10 +3,18 @@ many samples were consumed, how long the loop waited between steps, and what goe
 reporter. Standard library only; the callbacks (``lightning``, ``hf``) feed it.
 
     loop = StepLoop(reporter, world_size)
-    loop.timer = StepTimer(ddp)          # else the wall clock (WallTimer): see below
+    loop.timer = StepTimer(ddp, reporter=reporter)  # else the wall clock (WallTimer): see below
     # per batch:       loop.begin(); loop.add_batch(local_batch_size)
     # per optimizer step (after it): loop.end(global_step)
     # per checkpoint written:        loop.checkpoint_written(step, path, ...)
+    # after training:                loop.flush()
+
+Sections (the reporter's heartbeats say which part of its step a rank is in, for the
+section-hang rule): ``begin()`` enters forward (every micro-batch), ``backward()``,
+``optimizer()`` (after backward: clipping and the step), ``end()`` reports and enters data
+(the next batch loads), ``data()`` likewise for a micro-batch, ``checkpoint()`` a save,
+``outside()`` no section (evaluation, logging: nothing to judge as a step's part). The
+``StepTimer`` given the reporter enters comm when this rank's last gradient bucket is ready.
 
 ``begin()`` is idempotent until ``end()``: with gradient accumulation the step's timing
 covers every micro-batch of the optimizer step. ``data_wait_ms`` is the time from the last
@@ -18,7 +26,8 @@ this rank's own forward+backward, DDP's overlap kept). Otherwise ``WallTimer``: 
 the whole step, no comm figure, so in a DDP job a fast rank waiting for a straggler looks as
 slow as it (the straggler rule then cannot tell them apart; the step and liveness reports
 still hold). On CUDA ``StepTimer`` returns the previous step's figures: each figure carries
-the index of the step it belongs to, and ``StepLoop`` reports it under that step's number.
+the index of the step it belongs to, and ``StepLoop`` reports it under that step's number, with
+that step's samples, data wait and loss; ``flush()`` reports the last one after training.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trainguard_sdk.identity import Identity, identity_from_env
+from trainguard_sdk.wire import Section
 
 Clock = Callable[[], int]  # nanoseconds, monotonic
 
@@ -59,6 +69,10 @@ class Sink(Protocol):
              shard_offset: int | None = None) -> bool: ...
 
     def heartbeat(self, phase: str = "step") -> bool: ...
+
+    def section(self, section: Section) -> None: ...
+
+    def end_section(self) -> None: ...
 
     def checkpoint(self, action: str, step: int, samples_consumed: int, path: str, *,
                    sha256: str | None = None, size_bytes: int | None = None,
@@ -99,6 +113,7 @@ class _Pending:
     step: int
     samples: int
     data_wait_ms: float | None
+    loss: float | None
 
 
 class StepLoop:
@@ -121,7 +136,9 @@ class StepLoop:
         return self._running
 
     def begin(self) -> None:
-        """A batch begins; starts the step's timing unless a step is already running."""
+        """A batch begins (forward): starts the step's timing unless a step is already
+        running (gradient accumulation's micro-batches)."""
+        self.sink.section(Section.FORWARD)
         if self._running:
             return
         now = self._clock()
@@ -135,16 +152,47 @@ class StepLoop:
         if local_samples:
             self.samples += local_samples * self.world_size
 
+    def backward(self) -> None:
+        self.sink.section(Section.BACKWARD)
+
+    def optimizer(self) -> None:
+        """Backward is done: what follows until the step ends is the optimizer's."""
+        self.sink.section(Section.OPTIMIZER)
+
+    def data(self) -> None:
+        """The next batch loads."""
+        self.sink.section(Section.DATA)
+
+    def checkpoint(self) -> None:
+        self.sink.section(Section.CHECKPOINT)
+
+    def outside(self) -> None:
+        """Outside the steps (evaluation, logging): no section."""
+        self.sink.end_section()
+
     def end(self, step: int, loss: float | None = None) -> bool:
-        """The optimizer step ``step`` is done: report it (or, on CUDA, the one before).
-        True if a report went out."""
+        """The optimizer step ``step`` is done: report it (or, on CUDA, the one before), then
+        enter data. True if a report went out."""
         if not self._running:
             return False
         self._running = False
         self.last_step = step
-        self._pending[self._index] = _Pending(step, self.samples, self._wait_ms)
+        self._pending[self._index] = _Pending(step, self.samples, self._wait_ms, loss)
         timing = self.timer.stop()
         self._last_end = self._clock()
+        sent = self._report(timing)
+        self.sink.section(Section.DATA)
+        return sent
+
+    def flush(self) -> bool:
+        """After training: report the step whose figures the timer still holds (``StepTimer``
+        on CUDA: waits for its events, once). True if a report went out."""
+        flush = getattr(self.timer, "flush", None)
+        if self._running or flush is None:
+            return False
+        return self._report(flush())
+
+    def _report(self, timing: Timing | None) -> bool:
         if timing is None:
             self._forget_before(self._index - 1)
             return False
@@ -155,7 +203,7 @@ class StepLoop:
         comm = timing.comm_ms if getattr(self.timer, "has_comm", True) else None
         return self.sink.step(pending.step, pending.samples, timing.compute_ms, comm_ms=comm,
                               data_wait_ms=pending.data_wait_ms, step_ms=timing.step_ms,
-                              loss=loss if timing.index == self._index else None)
+                              loss=pending.loss)
 
     def checkpoint_written(self, step: int, path: str, *, size_bytes: int | None = None,
                            write_ms: float | None = None) -> bool:
@@ -173,11 +221,13 @@ def resolve_identity(framework_rank: int, framework_world: int,
     names the rank (a framework's own launcher that sets only LOCAL_RANK, say) but the
     framework runs more than one process, its rank and world size are used instead."""
     env = os.environ if env is None else env
-    ident = identity_from_env(env, **kwargs)  # type: ignore[arg-type]
-    if ident.launcher == "single" and framework_world > 1:
-        ident = identity_from_env(env, rank=framework_rank, world_size=framework_world,
-                                  **kwargs)  # type: ignore[arg-type]
-    return ident
+    # which launcher, before the layout (which a single process's world of 1 would not fit)
+    probe = {k: v for k, v in kwargs.items() if k != "layout"}
+    if (identity_from_env(env, **probe).launcher == "single"  # type: ignore[arg-type]
+            and framework_world > 1):
+        return identity_from_env(env, rank=framework_rank, world_size=framework_world,
+                                 **kwargs)  # type: ignore[arg-type]
+    return identity_from_env(env, **kwargs)  # type: ignore[arg-type]
 
 
 def batch_size(batch: object) -> int | None:

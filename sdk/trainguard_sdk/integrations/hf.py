@@ -22,7 +22,15 @@ What it does, per rank:
 - a ``checkpoint`` record ("written": ``output_dir/checkpoint-<step>``, its size, and the time
   from the step's end to ``on_save``, i.e. the Trainer's save) from the process that writes
   it (``is_world_process_zero``), which heartbeats phase "checkpoint" meanwhile;
-- the reporter closes at ``on_train_end`` (a last "idle" heartbeat).
+- sections for the section-hang rule: forward from ``on_step_begin`` (the Trainer has no
+  backward hook: forward and backward are one section), comm at this rank's last gradient
+  bucket (the ``StepTimer``), optimizer from ``on_pre_optimizer_step``, data from
+  ``on_step_end`` (the next batches load), checkpoint from ``on_step_end`` / ``on_epoch_end``
+  when the Trainer will save (every rank) until ``on_save``, none while it evaluates (until
+  ``on_evaluate``);
+- the layout (dp/pp/tp) given as ``layout=`` (``Layout(...)``, ``Layout.from_mesh(...)``);
+- the reporter closes at ``on_train_end`` (after the last step's figures, which on CUDA come
+  one step late, and a last "idle" heartbeat).
 
 The lazy import: ``import trainguard_sdk`` never imports transformers; this module does.
 """
@@ -35,7 +43,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainguard_sdk.identity import Identity
+from trainguard_sdk.identity import Identity, Layout
 from trainguard_sdk.integrations._torch import timer_for
 from trainguard_sdk.integrations.core import StepLoop, dir_size, resolve_identity
 
@@ -44,11 +52,14 @@ CHECKPOINT_PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT
 
 class TrainguardCallback(TrainerCallback):
     def __init__(self, *, job_id: str | None = None, trainer: Any = None, hook: Any = None,
-                 state: Any = None, reporter: Any = None, **reporter_kwargs: Any) -> None:
+                 state: Any = None, reporter: Any = None, layout: Layout | None = None,
+                 **reporter_kwargs: Any) -> None:
         """``trainer``: the Trainer (``attach`` sets it), to find its DDP model. ``hook``/
         ``state``: your DDP communication hook (wrapped by the timer). ``reporter``: a ready
-        ``StepReporter`` (else one is made for this rank, with ``reporter_kwargs``)."""
+        ``StepReporter`` (else one is made for this rank, with ``reporter_kwargs``).
+        ``layout``: the parallel layout (default: data-parallel only)."""
         self.job_id = job_id
+        self.layout = layout
         self.trainer = trainer
         self.hook, self.hook_state = hook, state
         self.reporter: Any = reporter
@@ -69,7 +80,7 @@ class TrainguardCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.loop is None:
             self.identity = resolve_identity(args.process_index, args.world_size,
-                                             job_id=self.job_id)
+                                             job_id=self.job_id, layout=self.layout)
             if self.reporter is None:
                 self.reporter = self.identity.reporter(**self.reporter_kwargs)
             per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -79,23 +90,57 @@ class TrainguardCallback(TrainerCallback):
         model = getattr(self.trainer, "model_wrapped", None) if self.trainer is not None else None
         self.loop.timer, self.timing = timer_for(model if model is not None
                                                  else kwargs.get("model"),
-                                                 hook=self.hook, state=self.hook_state)
+                                                 hook=self.hook, state=self.hook_state,
+                                                 reporter=self.reporter)
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.loop is not None:
             self.loop.begin()
             self.loop.add_batch(self._per_step)
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any,
+                              **kwargs: Any) -> None:
         if self.loop is not None:
-            self.loop.end(state.global_step)
-            if control.should_save and state.is_world_process_zero:
-                self._save_from = time.perf_counter()
-                if self.reporter is not None:
-                    self.reporter.heartbeat("checkpoint")
+            self.loop.optimizer()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        loop = self.loop
+        if loop is None:
+            return
+        loop.end(state.global_step)  # then data
+        self._after_steps(state, control)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.loop is not None:
+            self._after_steps(state, control)
+
+    def _after_steps(self, state: Any, control: Any) -> None:
+        if control.should_evaluate:
+            if self.loop is not None:
+                self.loop.outside()  # the save, if any, follows the evaluation (on_evaluate)
+        elif control.should_save:
+            self._saving(state)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.loop is not None:
+            if control.should_save:
+                self._saving(state)
+            else:
+                self.loop.data()
+
+    def _saving(self, state: Any) -> None:
+        if self.loop is not None:
+            self.loop.checkpoint()
+        if state.is_world_process_zero:
+            self._save_from = time.perf_counter()
+            if self.reporter is not None:
+                self.reporter.heartbeat("checkpoint")
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.loop is None or not state.is_world_process_zero:
+        if self.loop is None:
+            return
+        self.loop.data()
+        if not state.is_world_process_zero:
             return
         path = os.path.join(args.output_dir, f"{CHECKPOINT_PREFIX}-{state.global_step}")
         started, self._save_from = self._save_from, None
@@ -104,5 +149,7 @@ class TrainguardCallback(TrainerCallback):
                                      write_ms=write_ms)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.loop is not None:
+            self.loop.flush()
         if self.reporter is not None:
             self.reporter.close()

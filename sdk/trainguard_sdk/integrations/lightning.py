@@ -19,7 +19,15 @@ What it does, per rank:
   strategy's ``CheckpointIO`` writes (ModelCheckpoint, ``trainer.save_checkpoint``): the
   callback wraps ``trainer.strategy.checkpoint_io``; the writing rank sends it and
   heartbeats phase "checkpoint" while it writes;
-- the reporter closes at ``teardown`` (a last "idle" heartbeat).
+- sections for the section-hang rule: forward from ``on_train_batch_start``, backward from
+  ``on_before_backward``, optimizer from ``on_after_backward`` / ``on_before_optimizer_step``,
+  comm at this rank's last gradient bucket (the ``StepTimer``), data from
+  ``on_train_batch_end`` (the next batch loads), checkpoint from ``on_save_checkpoint`` (every
+  rank: the others wait for the writer) until the writer's file is written (the other ranks
+  stay in it until their next batch starts), none during validation;
+- the layout (dp/pp/tp) given as ``layout=`` (``Layout(...)``, ``Layout.from_mesh(...)``);
+- the reporter closes at ``teardown`` (after the last step's figures, which on CUDA come one
+  step late, and a last "idle" heartbeat).
 
 ``report_loss=True`` adds the step's loss (``loss.item()``: a device synchronisation per step
 on GPUs, so off by default). The lazy import: ``import trainguard_sdk`` never imports
@@ -34,7 +42,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.fabric.plugins import CheckpointIO
 
-from trainguard_sdk.identity import Identity
+from trainguard_sdk.identity import Identity, Layout
 from trainguard_sdk.integrations._torch import timer_for
 from trainguard_sdk.integrations.core import StepLoop, batch_size, dir_size, resolve_identity
 
@@ -69,11 +77,13 @@ class _ReportingCheckpointIO(CheckpointIO):
 class TrainguardCallback(pl.Callback):
     def __init__(self, *, job_id: str | None = None, hook: Any = None, state: Any = None,
                  report_loss: bool = False, reporter: Any = None,
-                 **reporter_kwargs: Any) -> None:
+                 layout: Layout | None = None, **reporter_kwargs: Any) -> None:
         """``job_id``: else from the launcher. ``hook``/``state``: your DDP communication
         hook (wrapped by the timer). ``reporter``: a ready ``StepReporter`` (else one is made
-        for this rank's identity, with ``reporter_kwargs``)."""
+        for this rank's identity, with ``reporter_kwargs``). ``layout``: the parallel
+        layout (default: data-parallel only)."""
         self.job_id = job_id
+        self.layout = layout
         self.hook, self.hook_state = hook, state
         self.report_loss = report_loss
         self.reporter: Any = reporter
@@ -88,7 +98,7 @@ class TrainguardCallback(pl.Callback):
         if self.loop is not None:
             return
         self.identity = resolve_identity(trainer.global_rank, trainer.world_size,
-                                         job_id=self.job_id)
+                                         job_id=self.job_id, layout=self.layout)
         if self.reporter is None:
             self.reporter = self.identity.reporter(**self.reporter_kwargs)
         self.loop = StepLoop(self.reporter, self.identity.world_size)
@@ -98,10 +108,16 @@ class TrainguardCallback(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.loop is not None:
+            # the step already done (resumed): a micro-batch of the first optimizer step
+            # ends with this global step, and is not a step of its own
+            self.loop.last_step = trainer.global_step
             self.loop.timer, self.timing = timer_for(trainer.strategy.model, hook=self.hook,
-                                                     state=self.hook_state)
+                                                     state=self.hook_state,
+                                                     reporter=self.reporter)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.loop is not None:
+            self.loop.flush()
         if self.reporter is not None:
             self.reporter.close()
 
@@ -113,20 +129,54 @@ class TrainguardCallback(pl.Callback):
             self.loop.begin()
             self.loop.add_batch(batch_size(batch))
 
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: Any) -> None:
+        if self.loop is not None:
+            self.loop.backward()
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.loop is not None:
+            self.loop.optimizer()
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                                 optimizer: Any) -> None:
+        if self.loop is not None:
+            self.loop.optimizer()
+
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         loop = self.loop
-        if loop is None or not loop.running or trainer.global_step == loop.last_step:
-            return  # a micro-batch of gradient accumulation: the step goes on
+        if loop is None:
+            return
+        if not loop.running or trainer.global_step == loop.last_step:
+            loop.data()  # a micro-batch of gradient accumulation: the step goes on
+            return
         loss = None
         if self.report_loss:
             value = outputs.get("loss") if isinstance(outputs, dict) else outputs
             loss = float(value) if value is not None else None
         loop.end(trainer.global_step, loss=loss)
 
-    # -- checkpoints (called by _ReportingCheckpointIO on the writing rank) ------------------
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.loop is not None:
+            self.loop.outside()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.loop is not None:
+            self.loop.data()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        if self.loop is not None:  # every rank: the state is gathered, then written by one
+            self.loop.checkpoint()
+
+    # called by _ReportingCheckpointIO on the writing rank
 
     def _saving(self) -> None:
+        if self.loop is not None:
+            self.loop.checkpoint()
         if self.reporter is not None:
             self.reporter.heartbeat("checkpoint")
 
@@ -134,3 +184,4 @@ class TrainguardCallback(pl.Callback):
         if self.loop is not None:
             self.loop.checkpoint_written(step, path, size_bytes=dir_size(path),
                                          write_ms=write_ms)
+            self.loop.data()
