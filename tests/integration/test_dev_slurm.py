@@ -1,7 +1,9 @@
 """The dev Slurm cluster is real: munge, slurmctld and one slurmd per network-namespace node.
 
-One cluster for the module (start ~2 s); the tests run real ``srun`` steps across the nodes,
-take a node away as a lost node goes (link down, slurmd killed) and check that Slurm itself marks
+One cluster for the module (start ~2 s, plus its broker for the nodes' agents); the tests run
+real ``srun`` steps across the nodes, check that every node's agent publishes from inside its
+namespace (its telemetry, and its ranks' step reports through its own step socket), take a node
+away as a lost node goes (link down, slurmd and agent killed) and check that Slurm itself marks
 it down, restart after a crash, and tear down without leftovers.
 """
 
@@ -10,33 +12,40 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import read_events
+from trainguard.bus.config import KafkaConfig
 from trainguard.dev.procs import alive
 from trainguard.dev.slurm import (
     BRIDGE,
     NETNS_PREFIX,
+    AgentPlan,
     ClusterInfo,
     ClusterSpec,
     SlurmCluster,
     _netns_list,
     torchrun_argv,
 )
+from trainguard.events.payloads import NodeTelemetry, StepReport
+from trainguard.events.topics import TopicRole
 
 pytestmark = pytest.mark.integration
 
 SPEC = ClusterSpec(nodes=2, spares=1)
+PREFIX = "tgslurm"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
-        c.start(SPEC, timeout_s=60)
+        c.start(SPEC, timeout_s=60, agents=AgentPlan(prefix=PREFIX))
     except Exception as exc:
         c.stop()
         pytest.fail(f"the dev Slurm cluster could not start: {exc}", pytrace=False)
@@ -64,6 +73,54 @@ def test_steps_run_on_every_node_in_its_own_namespace(cluster: SlurmCluster) -> 
     # The shared directory (the job's reliable storage) is the same for every node.
     assert sorted(p.name for p in Path(info.shared_dir).iterdir()) == SPEC.names
     assert [n.name for n in info.nodes if n.spare] == ["tgn3"]
+
+
+REPORT = """
+import os, sys
+from trainguard_sdk.reporter import StepReporter
+rank = int(os.environ["SLURM_PROCID"])
+with StepReporter("j-slurm", rank, int(os.environ["SLURM_NTASKS"]),
+                  heartbeat_interval_s=None) as tg:
+    assert tg.step(1, 32, 5.0), "the node's agent did not take the report"
+"""
+
+
+def test_every_node_runs_its_agent_and_its_records_arrive(cluster: SlurmCluster) -> None:
+    """One agent per node, inside the node's namespace, publishing to the head's broker on the
+    bridge: each node's telemetry arrives under its name, and a rank on each node reports
+    through its own node's step socket (located at that node)."""
+    info = cluster.info()
+    assert info is not None and info.agents_bootstrap is not None
+    assert info.agents_bootstrap.startswith(f"{info.head_address}:")
+    pids = {n.name: cluster.agent_pid(n.name) for n in info.nodes}
+    assert all(pids.values()) and len(set(pids.values())) == len(pids), pids
+    for n in info.nodes:  # each agent runs in its node's namespace
+        inside = subprocess.run(["ip", "netns", "pids", n.netns], capture_output=True,
+                                text=True, check=True).stdout.split()
+        assert str(pids[n.name]) in inside, n.name
+    script = Path(info.shared_dir) / "report.py"
+    script.write_text(REPORT)
+    sock = f"{cluster.root}/agents/$SLURMD_NODENAME/agent.sock"
+    srun(cluster, "-N3", "bash", "-c",
+         f"TRAINGUARD_AGENT_SOCKET={sock} exec {sys.executable} {script}")
+    broker = cluster.broker.running()
+    assert broker is not None
+    kafka = KafkaConfig(bootstrap=broker.bootstrap, topic_prefix=PREFIX,
+                        client_id="test-dev-slurm")
+    deadline = time.monotonic() + 30
+    while True:
+        events = read_events(kafka, [TopicRole.TELEMETRY, TopicRole.TASK], idle_ms=1500)
+        telemetry = {e.subject.node for e in events if isinstance(e.payload, NodeTelemetry)
+                     and e.source == f"agent@{e.subject.node}"}
+        steps = {(e.payload.rank, e.subject.node) for e in events
+                 if isinstance(e.payload, StepReport) and e.job_id == "j-slurm"}
+        names = {n.name for n in info.nodes}
+        if (telemetry == names and len(steps) == 3) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert telemetry == names
+    # every rank's report came through the agent of the node it ran on, one rank per node
+    assert {node for _, node in steps} == names and {r for r, _ in steps} == {0, 1, 2}
 
 
 TRAIN = """
@@ -116,9 +173,11 @@ def test_a_lost_node_is_marked_down_by_slurm(cluster: SlurmCluster) -> None:
         os.kill(int(pid), signal.SIGKILL)
     states = cluster.wait_nodes(["tgn2"], {"down"}, timeout_s=60)
     assert states["tgn1"].startswith("idle") and states["tgn3"].startswith("idle")
-    # Back: link up, slurmd started again -> the node returns to service by itself.
+    assert cluster.agent_pid("tgn2") is None  # the node's agent went with it
+    # Back: link up, slurmd (and the agent) started again -> the node returns to service.
     subprocess.run(["ip", "link", "set", "tgsv2", "up"], check=True)
     cluster.start_node("tgn2")
+    assert cluster.agent_pid("tgn2") is not None
     cluster.wait_nodes(["tgn2"], {"idle"}, timeout_s=60)
 
 
@@ -171,7 +230,11 @@ def test_the_backend_cli_drains_cancels_and_confirms(cluster: SlurmCluster) -> N
 
 def test_stop_leaves_nothing(tmp_path: Path, cluster: SlurmCluster) -> None:
     # Runs last in the module: the fixture's teardown then finds nothing to stop.
+    agents = [cluster.agent_pid(n) for n in SPEC.names]
     assert cluster.stop() is True
+    assert not [p for p in agents if p is not None and alive(p)]
+    assert not list((cluster.root / "agents").glob("*/agent.pid"))
+    assert cluster.broker.running() is None
     assert not [ns for ns in _netns_list() if ns.startswith(NETNS_PREFIX)]
     assert subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True).returncode != 0
     for daemon in ("slurmctld", "slurmd", "munged"):

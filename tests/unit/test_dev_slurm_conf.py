@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainguard.dev.slurm import ClusterSpec, SlurmError, parse_node_states, slurm_conf
+from trainguard.dev.slurm import (
+    AgentPlan,
+    ClusterInfo,
+    ClusterSpec,
+    Node,
+    SlurmError,
+    agent_argv,
+    bridge_listeners,
+    parse_node_states,
+    slurm_conf,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -45,3 +57,39 @@ def test_bad_sizes_are_one_line_errors(nodes: int, spares: int) -> None:
 def test_node_states_parse_sinfo() -> None:
     assert parse_node_states("tgn1 idle\ntgn2 down*\n\ngarbage\n") == {"tgn1": "idle",
                                                                        "tgn2": "down*"}
+
+
+def test_the_nodes_reach_the_broker_on_the_bridge_and_the_head_on_loopback() -> None:
+    props = bridge_listeners(9092, 9093, 9094)
+    assert props["listeners"] == ("PLAINTEXT://127.0.0.1:9092,NODES://10.252.0.1:9093,"
+                                  "CONTROLLER://127.0.0.1:9094")
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:9092,NODES://10.252.0.1:9093"
+    assert "NODES:PLAINTEXT" in props["listener.security.protocol.map"].split(",")
+
+
+def test_each_agent_runs_in_its_namespace_with_its_own_spool_and_socket() -> None:
+    argv = agent_argv("tgn2", Path("/s"), "10.252.0.1:9093", "tg", 1.0, python="py")
+    assert argv[:5] == ["ip", "netns", "exec", "tgs-tgn2", "py"]
+    opts = dict(zip(argv[8::2], argv[9::2], strict=False))
+    assert opts["--node"] == "tgn2" and opts["--bootstrap"] == "10.252.0.1:9093"
+    assert opts["--spool-dir"] == "/s/agents/tgn2/spool"
+    assert opts["--socket"] == "/s/agents/tgn2/agent.sock"
+    assert opts["--gpu"] == "none" and "--no-kernel-log" in argv  # one kernel for every node
+
+
+def test_cluster_info_round_trips_with_and_without_agents() -> None:
+    nodes = (Node("tgn1", "10.252.0.11", "tgs-tgn1", False, "/s/agents/tgn1/agent.sock"),)
+    info = ClusterInfo("/s/etc/slurm.conf", "/s/shared", "10.252.0.1", nodes, 7, "/m", 1.0,
+                       agents_bootstrap="10.252.0.1:9093", agents_prefix="tg")
+    doc = json.loads(json.dumps(asdict(info)))  # as cluster.json holds it
+    assert ClusterInfo.from_json(doc) == info
+    old = doc
+    for key in ("agents_bootstrap", "agents_prefix", "agents_interval_s"):
+        del old[key]
+    del old["nodes"][0]["agent_socket"]  # a cluster.json written before agents
+    assert ClusterInfo.from_json(old).agents_bootstrap is None
+
+
+def test_an_agent_interval_below_the_agents_own_minimum_is_refused() -> None:
+    with pytest.raises(SlurmError, match="interval_s"):
+        AgentPlan(interval_s=0.01)

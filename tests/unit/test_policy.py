@@ -428,6 +428,17 @@ def test_a_node_level_verdict_moves_every_rank_bound_there() -> None:
     assert (p.ranks, p.avoid_domains) == ([2, 3], ["node=b"])
 
 
+def test_a_silent_node_moves_every_rank_bound_there_and_covers_their_rank_verdicts() -> None:
+    s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"})
+    _, out = settled(s, [verdict("node_silent", None, 10 * S, node="b"),
+                         verdict("rank_silent", 3, 10 * S + 1, node="b")], 10 * S + 1)
+    assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.MIGRATE, 2)]
+    p = migrate(out[0])
+    assert (p.rank, p.ranks, p.from_units) == (2, [2, 3], ["u2", "u3"])
+    assert p.resume and p.avoid_domains == ["node=b"]  # never onto the spare on node b
+    assert len(p.covered_verdicts) == 1
+
+
 def test_independent_failures_together_move_each_rank_without_blaming_a_node() -> None:
     s = two_nodes({"spare-a0": "a", "spare-b": "b"})
     _, out = settled(s, [verdict("process_exit", 1, 10 * S, pid=101, exit_code=1),

@@ -42,7 +42,8 @@ def test_every_rule_declares_what_it_emits_and_every_kind_has_a_rule() -> None:
 def test_the_classes_the_policy_acts_on() -> None:
     assert p.kinds_of(p.VerdictClass.LADDER) == {p.VerdictKind.STRAGGLER}
     assert p.kinds_of(p.VerdictClass.FAILURE) == {
-        p.VerdictKind.PROCESS_EXIT, p.VerdictKind.RANK_SILENT, p.VerdictKind.RANK_STUCK,
+        p.VerdictKind.PROCESS_EXIT, p.VerdictKind.RANK_SILENT, p.VerdictKind.NODE_SILENT,
+        p.VerdictKind.RANK_STUCK,
         p.VerdictKind.XID_DRAIN,
         p.VerdictKind.LINK_DOWN, p.VerdictKind.OOM_KILL}
 

@@ -13,7 +13,8 @@ The ladder, lightest first:
   (``checkpoint_wait_s`` 0: migrate at once); still open after as long again
   -> tier 3 ``resume`` (the job's process group restarted in place from the last valid
   checkpoint); still open -> ``escalate`` (tiers exhausted).
-- a failure verdict (process exit, OOM-killed rank, rank silent, must-drain XID, link down) ->
+- a failure verdict (process exit, OOM-killed rank, rank silent, node silent, must-drain XID,
+  link down) ->
   ``migrate`` with ``resume`` at once. A job's failure verdicts are collected for ``settle_s``
   first: when a rank dies its synchronous peers exit too (with a peer-lost exit code,
   ``peer_exit_codes``): those exits are consequences, covered by the one restart. Every rank that

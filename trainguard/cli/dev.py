@@ -15,7 +15,7 @@ from trainguard.bus.acl import ADMIN_USER, acl_bindings
 from trainguard.cli.flags import renamed
 from trainguard.dev.cluster import ClusterInfo, KafkaCluster
 from trainguard.dev.kafka import USERS, BrokerError, KafkaBroker, fetch_kafka
-from trainguard.dev.slurm import ClusterSpec, SlurmCluster, SlurmError
+from trainguard.dev.slurm import AgentPlan, ClusterSpec, SlurmCluster, SlurmError
 
 
 def _default_prefix() -> str:
@@ -90,6 +90,13 @@ def _register_slurm(dev_sub: argparse._SubParsersAction[argparse.ArgumentParser]
             renamed(p, p.add_argument("--timeout-s", type=float, default=60.0,
                                       help="seconds to wait for every node to be idle "
                                       "(default 60)"), "--timeout")
+            p.add_argument("--agents", action="store_true",
+                           help="run a trainguard agent in every node, publishing to a broker "
+                           "on the head's bridge address (the cluster's own unless "
+                           "--agents-bootstrap)")
+            p.add_argument("--agents-bootstrap", metavar="HOST:PORT",
+                           help="with --agents: a broker the namespaces reach, with the topics")
+            p.add_argument("--prefix", default="tg", help="with --agents: topic prefix")
         p.set_defaults(func=_run_slurm)
 
 
@@ -97,10 +104,16 @@ def _run_slurm(args: argparse.Namespace) -> int:
     cluster = SlurmCluster(args.state_dir)
     try:
         if args.slurm_command == "start":
-            info = cluster.start(ClusterSpec(args.nodes, args.spares), timeout_s=args.timeout_s)
+            if args.agents_bootstrap and not args.agents:
+                raise SlurmError("--agents-bootstrap: only with --agents")
+            plan = AgentPlan(args.agents_bootstrap, args.prefix) if args.agents else None
+            info = cluster.start(ClusterSpec(args.nodes, args.spares), timeout_s=args.timeout_s,
+                                 agents=plan)
             print(json.dumps({"status": "running", "conf": info.conf,
                               "shared_dir": info.shared_dir,
-                              "nodes": {n.name: n.address for n in info.nodes}}))
+                              "nodes": {n.name: n.address for n in info.nodes},
+                              "agents_bootstrap": info.agents_bootstrap,
+                              "agents_prefix": info.agents_prefix}))
             return 0
         if args.slurm_command == "stop":
             print(json.dumps({"status": "stopped" if cluster.stop() else "not running"}))
@@ -111,8 +124,11 @@ def _run_slurm(args: argparse.Namespace) -> int:
             return 3
         states = cluster.node_states()
         print(json.dumps({"status": "running", "conf": running.conf,
+                          "agents_bootstrap": running.agents_bootstrap,
                           "nodes": {n.name: {"address": n.address, "netns": n.netns,
-                                             "spare": n.spare, "state": states.get(n.name)}
+                                             "spare": n.spare, "state": states.get(n.name),
+                                             "agent_pid": cluster.agent_pid(n.name),
+                                             "agent_socket": n.agent_socket}
                                     for n in running.nodes}}))
         return 0
     except SlurmError as exc:

@@ -29,8 +29,21 @@ real core count differs from its configured one in service. No accounting daemon
 (``AccountingStorageType=accounting_storage/none``), so ``sacct`` has no records here: a step is
 confirmed gone through ``squeue``/``scontrol``.
 
-``start`` is idempotent (a running, answering cluster is left as it is) and first sweeps whatever
-an earlier crashed run left (daemons by pid file and by namespace, namespaces, the bridge).
+Agents (``start(..., agents=AgentPlan(...))``): one ``trainguard agent`` per node, started inside
+the node's namespace as ``--node <name>`` (the Slurm node name, which the pool also uses, so a
+node-level verdict finds the ranks bound there), publishing to a broker on the head's bridge
+address. With no broker given, the cluster runs its own (``<state>/kafka``): a single dev broker
+with a second listener, ``NODES``, on the bridge address (the namespaces cannot reach the
+head's loopback), the registry's topics created under the plan's prefix. Each agent has its
+own pid file, log, spool and step socket under ``<state>/agents/<name>/``: namespaces share the
+file system, so the step socket of a node's ranks is named per node
+(``TRAINGUARD_AGENT_SOCKET=<state>/agents/$SLURMD_NODENAME/agent.sock`` in the job's
+environment). The agents do not follow the kernel log (one kernel for every "node": each
+agent would report every line as its own) and take no GPU source.
+
+``start`` is idempotent (a running, answering cluster is left as it is; agents whose process
+is gone are started again) and first sweeps whatever an earlier crashed run left (agents and
+daemons by pid file and by namespace, namespaces, the broker, the bridge).
 """
 
 from __future__ import annotations
@@ -48,6 +61,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from trainguard.dev.kafka import KafkaBroker, free_port
 from trainguard.dev.paths import state_dir
 from trainguard.dev.procs import alive, read_pid, stop_pid
 from trainguard.netlab.ns import Netns
@@ -98,11 +112,27 @@ class ClusterSpec:
 
 
 @dataclass(frozen=True)
+class AgentPlan:
+    """One ``trainguard agent`` per node: to ``bootstrap`` (reachable from the namespaces; None:
+    the cluster's own broker on the bridge), topics under ``prefix``, one record per
+    ``interval_s``."""
+
+    bootstrap: str | None = None
+    prefix: str = "tg"
+    interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.interval_s < 0.1:
+            raise SlurmError(f"interval_s: must be >= 0.1 (got {self.interval_s})")
+
+
+@dataclass(frozen=True)
 class Node:
     name: str
     address: str
     netns: str
     spare: bool
+    agent_socket: str | None = None  # the step socket of its agent (None: no agents)
 
 
 @dataclass(frozen=True)
@@ -117,6 +147,9 @@ class ClusterInfo:
     munge_socket: str
     started_at: float
     rdzv_endpoint: str = f"{HEAD_ADDR}:{RDZV_PORT}"
+    agents_bootstrap: str | None = None  # where the nodes' agents publish (None: no agents)
+    agents_prefix: str | None = None
+    agents_interval_s: float = 1.0
 
     def env(self) -> dict[str, str]:
         """Variables a Slurm client on the head needs."""
@@ -132,7 +165,14 @@ class ClusterInfo:
                            ctld_pid=int(str(doc["ctld_pid"])),
                            munge_socket=str(doc["munge_socket"]),
                            started_at=float(str(doc["started_at"])),
-                           rdzv_endpoint=str(doc["rdzv_endpoint"]))
+                           rdzv_endpoint=str(doc["rdzv_endpoint"]),
+                           agents_bootstrap=_opt_str(doc.get("agents_bootstrap")),
+                           agents_prefix=_opt_str(doc.get("agents_prefix")),
+                           agents_interval_s=float(str(doc.get("agents_interval_s", 1.0))))
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 # ---- pure: the files -------------------------------------------------------------------------
@@ -186,6 +226,30 @@ def slurm_conf(spec: ClusterSpec, root: Path, hostname: str, munge_socket: Path)
 def cgroup_conf() -> str:
     # slurmd reads cgroup.conf from the directory of the slurm.conf it is given.
     return "CgroupPlugin=cgroup/v1\nConstrainCores=no\nConstrainRAMSpace=no\n"
+
+
+def bridge_listeners(port: int, nodes_port: int, controller_port: int) -> dict[str, str]:
+    """The dev broker's listeners when the nodes publish to it: the head's clients on loopback
+    as always, the namespaces on the bridge address (``NODES``); each advertises itself, so a
+    client is sent back to the address it reached."""
+    return {
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},NODES://{HEAD_ADDR}:{nodes_port},"
+                     f"CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},NODES://{HEAD_ADDR}:{nodes_port}",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,NODES:PLAINTEXT,"
+                                          "CONTROLLER:PLAINTEXT",
+    }
+
+
+def agent_argv(name: str, root: Path, bootstrap: str, prefix: str, interval_s: float, *,
+               python: str = sys.executable) -> list[str]:
+    """The command that runs node ``name``'s agent inside its namespace."""
+    home = root / "agents" / name
+    return ["ip", "netns", "exec", NETNS_PREFIX + name, python, "-m", "trainguard.cli.main",
+            "agent", "--node", name, "--bootstrap", bootstrap, "--prefix", prefix,
+            "--interval-s", f"{interval_s:g}", "--spool-dir", str(home / "spool"),
+            "--socket", str(home / "agent.sock"), "--metrics-port", "0", "--gpu", "none",
+            "--no-kernel-log"]
 
 
 def parse_node_states(text: str) -> dict[str, str]:
@@ -265,13 +329,17 @@ class SlurmCluster:
 
     # -- start --------------------------------------------------------------------------------
 
-    def start(self, spec: ClusterSpec, *, timeout_s: float = 60.0) -> ClusterInfo:
+    def start(self, spec: ClusterSpec, *, timeout_s: float = 60.0,
+              agents: AgentPlan | None = None) -> ClusterInfo:
         missing = [t for t in TOOLS if shutil.which(t) is None]
         if missing:
             raise SlurmError(f"missing tools: {', '.join(missing)} (install Debian's slurm-wlm "
                              "and munge)")
         running = self.running()
-        if running is not None and [n.name for n in running.nodes] == spec.names:
+        if running is not None and [n.name for n in running.nodes] == spec.names and (
+                agents is None or running.agents_bootstrap is not None):
+            if running.agents_bootstrap is not None:
+                self.start_agents(running)  # any agent that is gone
             return running
         self.stop()
         self._write_files(spec)
@@ -281,15 +349,124 @@ class SlurmCluster:
         for name in spec.names:
             self._start_slurmd(name)
         self._start_rdzv_store()
+        bootstrap = None
+        if agents is not None:
+            bootstrap = agents.bootstrap or self._start_broker(agents.prefix)
         info = ClusterInfo(conf=str(self.conf), shared_dir=str(self.shared_dir),
                            head_address=HEAD_ADDR,
                            nodes=tuple(Node(n, spec.address(n), NETNS_PREFIX + n,
-                                            n in spec.spare_names) for n in spec.names),
+                                            n in spec.spare_names,
+                                            None if agents is None else
+                                            str(self.agent_socket(n)))
+                                       for n in spec.names),
                            ctld_pid=ctld, munge_socket=str(self.munge_socket),
-                           started_at=time.time())
+                           started_at=time.time(), agents_bootstrap=bootstrap,
+                           agents_prefix=None if agents is None else agents.prefix,
+                           agents_interval_s=1.0 if agents is None else agents.interval_s)
         self.info_file.write_text(json.dumps(asdict(info), indent=2))
         self.wait_nodes(spec.names, {"idle"}, timeout_s=timeout_s)
+        if bootstrap is not None:
+            self.start_agents(info)
         return info
+
+    # -- the nodes' agents and their broker ---------------------------------------------------
+
+    @property
+    def broker(self) -> KafkaBroker:
+        """The cluster's own broker (``<state>/kafka``), with its bridge listener."""
+        root = self.root / "kafka"
+        ports = root / "ports.json"
+        try:
+            port, nodes_port, cport = json.loads(ports.read_text())
+        except (OSError, ValueError):
+            port, nodes_port, cport = free_port(), free_port(), free_port()
+            root.mkdir(parents=True, exist_ok=True)
+            ports.write_text(json.dumps([port, nodes_port, cport]))
+        return KafkaBroker(root, overrides=bridge_listeners(port, nodes_port, cport),
+                           port=port, controller_port=cport)
+
+    def _start_broker(self, prefix: str, timeout_s: float = 120.0) -> str:
+        """Start the cluster's own broker, create the registry's topics under ``prefix``;
+        return the bootstrap the nodes use (the bridge listener)."""
+        import asyncio
+
+        from trainguard.bus.admin import ensure_topics
+        from trainguard.bus.config import KafkaConfig
+        from trainguard.events.topics import TopicNames
+
+        broker = self.broker
+        try:
+            info = broker.start(fresh=True, timeout_s=timeout_s)
+            cfg = KafkaConfig(bootstrap=info.bootstrap, topic_prefix=prefix,
+                              client_id="trainguard-dev-slurm")
+            asyncio.run(asyncio.wait_for(ensure_topics(cfg, TopicNames(prefix)), 60))
+        except Exception as exc:  # a broker, a client or a timeout error: one line says which
+            raise SlurmError(f"the nodes' broker did not start: {type(exc).__name__}: {exc}"
+                             ) from None
+        nodes = broker.overrides["advertised.listeners"].split(",")[1]
+        return nodes.removeprefix("NODES://")
+
+    def agent_dir(self, name: str) -> Path:
+        return self.root / "agents" / name
+
+    def agent_socket(self, name: str) -> Path:
+        return self.agent_dir(name) / "agent.sock"
+
+    def agent_pid(self, name: str) -> int | None:
+        pid = read_pid(self.agent_dir(name) / "agent.pid")
+        return pid if pid and alive(pid) else None
+
+    def start_agents(self, info: ClusterInfo, *, timeout_s: float = 30.0) -> dict[str, int]:
+        """Start every node's agent that does not run; wait until each listens on its step
+        socket. Returns node name -> agent pid."""
+        for node in info.nodes:
+            if self.agent_pid(node.name) is None:
+                self.start_agent(node.name, info)
+        deadline = time.monotonic() + timeout_s
+        pids: dict[str, int] = {}
+        for node in info.nodes:
+            while True:
+                pid = self.agent_pid(node.name)
+                if pid is None:
+                    raise SlurmError(f"the agent of {node.name} exited: "
+                                     f"{_tail(self.agent_dir(node.name) / 'agent.log')}")
+                if self.agent_socket(node.name).exists():
+                    pids[node.name] = pid
+                    break
+                if time.monotonic() > deadline:
+                    raise SlurmError(f"the agent of {node.name} did not open its step socket "
+                                     f"in {timeout_s:.0f} s: "
+                                     f"{_tail(self.agent_dir(node.name) / 'agent.log')}")
+                time.sleep(0.1)
+        return pids
+
+    def start_agent(self, name: str, info: ClusterInfo) -> int:
+        """Start node ``name``'s agent in its namespace (after a drill killed it, too)."""
+        if info.agents_bootstrap is None or info.agents_prefix is None:
+            raise SlurmError("this cluster was started without agents")
+        home = self.agent_dir(name)
+        home.mkdir(parents=True, exist_ok=True)
+        self.agent_socket(name).unlink(missing_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINGUARD_KAFKA_")}
+        with (home / "agent.log").open("ab") as log:
+            proc = subprocess.Popen(
+                agent_argv(name, self.root, info.agents_bootstrap, info.agents_prefix,
+                           info.agents_interval_s),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
+        (home / "agent.pid").write_text(str(proc.pid))  # `ip netns exec` execs the agent
+        return proc.pid
+
+    def stop_agents(self) -> bool:
+        found = False
+        for pid_file in sorted((self.root / "agents").glob("*/agent.pid")):
+            pid = read_pid(pid_file)
+            if pid and alive(pid):
+                found = True
+                stop_pid(pid)
+            with contextlib.suppress(OSError):
+                pid_file.unlink()
+        return found
 
     def _write_files(self, spec: ClusterSpec) -> None:
         for sub in ("etc", "ctld", "spool", "shared"):
@@ -365,8 +542,13 @@ class SlurmCluster:
               "-N", name])
 
     def start_node(self, name: str) -> None:
-        """Bring a node's slurmd back (after a drill killed it)."""
+        """Bring a node's slurmd back (after a drill killed it), and its agent if the cluster
+        has agents and the node's is gone."""
         self._start_slurmd(name)
+        info = self.info()
+        if info is not None and info.agents_bootstrap is not None \
+                and self.agent_pid(name) is None:
+            self.start_agent(name, info)
 
     def wait_nodes(self, names: Sequence[str], states: set[str], *,
                    timeout_s: float) -> dict[str, str]:
@@ -386,7 +568,7 @@ class SlurmCluster:
     def stop(self) -> bool:
         """Stop every daemon, delete the namespaces and the bridge; True if anything ran.
         Works after a crash too: daemons are found by pid file and by namespace."""
-        found = False
+        found = self.stop_agents()  # first: a SIGTERM lets each publish what it spooled
         for ns in _netns_list():
             if not ns.startswith(NETNS_PREFIX):
                 continue
@@ -402,6 +584,8 @@ class SlurmCluster:
                 stop_pid(pid)
             with contextlib.suppress(OSError):
                 pid_file.unlink()
+        if (self.root / "kafka").exists() and self.broker.stop():
+            found = True
         if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
             found = True
             _run(["ip", "link", "del", BRIDGE], check=False)

@@ -276,6 +276,7 @@ class VerdictKind(StrEnum):
     JOB_SLOWDOWN = "job_slowdown"
     STAGE_IMBALANCE = "stage_imbalance"
     RANK_SILENT = "rank_silent"
+    NODE_SILENT = "node_silent"  # a node's agent and every rank of the job there went silent
     RANK_STUCK = "rank_stuck"  # alive, but in one section of its step past its learned bound
     PROCESS_EXIT = "process_exit"
     XID_DRAIN = "xid_drain"
@@ -309,6 +310,7 @@ VERDICT_CLASSES: Mapping[VerdictKind, VerdictClass] = {
     _K.JOB_SLOWDOWN: _C.INFO,  # the whole job: no rank to move
     _K.STAGE_IMBALANCE: _C.INFO,
     _K.RANK_SILENT: _C.FAILURE,
+    _K.NODE_SILENT: _C.FAILURE,  # a node lost: every rank bound there moves (node-level)
     _K.RANK_STUCK: _C.FAILURE,  # a hang, located at the rank: handled as rank_silent is
     _K.PROCESS_EXIT: _C.FAILURE,
     _K.XID_DRAIN: _C.FAILURE,  # the GPU must be drained

@@ -8,6 +8,20 @@ event time. Ranks whose process exit was seen are left to ``ProcessExitRule``. A
 (checkpoint ``LOADED``) and a new replica of a rank (a higher binding epoch) start silence and
 step intervals afresh.
 
+Node silence (the same rule, so that it and ``rank_silent`` are decided by one state machine
+and never both for the same loss): a node is known by its agent's periodic ``telemetry.node``
+records filed under the job (``interval_ms`` says how often it sends); its ranks are those
+whose reports were last located there (``subject.node``, which the agent stamps on what it
+relays). The node is silent when nothing of it - no agent record (``telemetry.node`` or
+``node.health``), no report of one of its ranks - came for
+``max(node_k_intervals x its interval, node_floor_ms)``, and it holds at least one rank whose
+exit was not seen: ``node_silent`` at ``Subject(node=N)``, evidence the agent's last record
+and each rank's last sign of life. Meanwhile no ``rank_silent`` opens for a rank of that node
+(the node verdict stands for them; one opened before the node went silent stays). It resolves
+when the node is heard again (an agent record or a report located there), or when none of the
+job's ranks is there any more (each rebound at a new epoch or reporting from another node:
+the job left it).
+
 ``ProcessExitRule``: a rank process ended with a non-zero code or a signal; resolved when the
 rank reports a step after it (a new process took over: the engine has already dropped the
 reports and exits of replicas older than the newest binding epoch).
@@ -23,6 +37,8 @@ from trainguard.events.payloads import (
     CheckpointEvent,
     ExitEvidence,
     Heartbeat,
+    NodeHealth,
+    NodeTelemetry,
     ProcessExit,
     StepReport,
     VerdictKind,
@@ -34,13 +50,16 @@ _INTERVALS = 64
 
 
 class LivenessRule(RuleBase):
-    kinds = frozenset({VerdictKind.RANK_SILENT})
+    kinds = frozenset({VerdictKind.RANK_SILENT, VerdictKind.NODE_SILENT})
     types = frozenset({"step.report", "heartbeat", "process.exit", "telemetry.node",
                        "node.health", "checkpoint"})
 
     def initial_state(self) -> dict[str, Any]:
-        # seen: rank -> last sign of life; step_t: rank -> last step report time
-        return {"seen": {}, "step_t": {}, "node": {}, "iv": [], "exited": [], "next": -1}
+        # seen: rank -> last sign of life; step_t: rank -> last step report time; node: rank
+        # -> where its reports were last located; step: rank -> its last step; agent: node ->
+        # [its agent's last record time, its interval (ms), that record's type]
+        return {"seen": {}, "step_t": {}, "node": {}, "iv": [], "exited": [], "next": -1,
+                "step": {}, "agent": {}}
 
     def feed(self, event: Event) -> list[Event]:
         s = self.s
@@ -49,10 +68,19 @@ class LivenessRule(RuleBase):
         payload = event.payload
         kind = type(payload)
         if kind is StepReport or kind is Heartbeat:
-            rank = str(cast(StepReport | Heartbeat, payload).rank)
+            report = cast(StepReport | Heartbeat, payload)
+            rank = str(report.rank)
             s["seen"][rank] = t
-            if event.subject.node is not None:
-                s["node"][rank] = event.subject.node
+            node = event.subject.node
+            if node is not None:
+                was = s["node"].get(rank)
+                s["node"][rank] = node
+                if self.book.open:
+                    out.extend(self._heard(node, t, event.type))
+                    if was is not None and was != node:
+                        out.extend(self._left(was, t))
+            if report.step is not None:
+                s["step"][rank] = report.step
             if s["exited"] and rank in s["exited"]:
                 s["exited"].remove(rank)
             if kind is StepReport:
@@ -79,29 +107,101 @@ class LivenessRule(RuleBase):
             if ex.rank is not None and str(ex.rank) not in s["exited"]:
                 s["exited"].append(str(ex.rank))
                 s["exited"].sort()
+        elif kind is NodeTelemetry or kind is NodeHealth:
+            node = event.subject.node
+            agent = None if node is None else s["agent"].get(node)
+            if kind is NodeTelemetry and node is not None:
+                # the periodic record: it makes the node's agent known, with its interval
+                s["agent"][node] = [t, cast(NodeTelemetry, payload).interval_ms, event.type]
+            elif agent is not None:  # a discrete record only counts for an agent known
+                agent[0], agent[2] = t, event.type
+            if node is not None and self.book.open:
+                out.extend(self._heard(node, t, event.type))
         if t >= s["next"]:
             s["next"] = t + int(self.p["check_every_ms"] * 1000)
             out.extend(self._check(t))
         return out
 
     def rebind(self, rank: str, event: Event) -> list[Event]:
-        # the gap between the old replica's last step and the new one's first is no interval
-        self.s["step_t"].pop(rank, None)
-        return []
+        # the gap between the old replica's last step and the new one's first is no interval;
+        # the new replica's silence starts at its binding, and it is at no node until it
+        # reports from one (a node the job left holds no rank of it)
+        s = self.s
+        s["step_t"].pop(rank, None)
+        if rank in s["seen"]:
+            s["seen"][rank] = max(s["seen"][rank], event.event_time)
+        node = s["node"].pop(rank, None)
+        return [] if node is None else self._left(node, event.event_time)
 
     def timeout_us(self) -> int:
         floor = self.p["floor_ms"] * 1000
         iv = self.s["iv"]
         return int(max(self.p["k_step_times"] * median(iv), floor) if iv else floor)
 
+    def node_timeout_us(self, interval_ms: float) -> int:
+        return int(max(self.p["node_k_intervals"] * interval_ms, self.p["node_floor_ms"]) * 1000)
+
+    def _heard(self, node: str, t: int, what: str) -> list[Event]:
+        key = f"node:{node}"
+        doc = self.book.open.get(key)
+        if doc is None:
+            return []
+        return self.book.resolve(key, decided_time=t, evidence={
+            "silent_ms": num((t - doc["first"]) / 1000), "heard": what})
+
+    def _left(self, node: str, t: int) -> list[Event]:
+        """A rank is no longer at ``node``: the job left it once none is."""
+        key = f"node:{node}"
+        if key not in self.book.open or node in self.s["node"].values():
+            return []
+        return self.book.resolve(key, decided_time=t, evidence={"left": True})
+
+    def _check_nodes(self, t: int) -> list[Event]:
+        s = self.s
+        by_node: dict[str, list[str]] = {}
+        for rank in sorted(s["node"], key=int):
+            by_node.setdefault(s["node"][rank], []).append(rank)
+        out: list[Event] = []
+        for node in sorted(s["agent"]):
+            key = f"node:{node}"
+            ranks = by_node.get(node)
+            if not ranks or self.book.is_open(key):
+                continue
+            running = [r for r in ranks if r not in s["exited"]]
+            if not running:
+                continue  # every rank it held ended: process_exit has them
+            agent_last, interval_ms, what = s["agent"][node]
+            lasts = [s["seen"][r] for r in ranks]
+            first = max(agent_last, *lasts)
+            timeout = self.node_timeout_us(interval_ms)
+            if t - first <= timeout:
+                continue
+            steps = [s["step"][r] for r in ranks if r in s["step"]]
+            out.extend(self.book.raise_(
+                key, kind=VerdictKind.NODE_SILENT, subject=Subject(node=node), severity=None,
+                first_time=first, decided_time=t,
+                evidence={"silent_ms": num((t - first) / 1000),
+                          "timeout_ms": num(timeout / 1000),
+                          "agent_last_time": agent_last, "agent_last_record": what,
+                          "agent_interval_ms": num(interval_ms),
+                          "ranks": [int(r) for r in ranks],
+                          "rank_last_times": list(lasts),
+                          "ranks_exited": [int(r) for r in ranks if r in s["exited"]],
+                          "ranks_last_step": max(steps) if steps else None,
+                          "job_last_step": max(s["step"].values()) if s["step"] else None}))
+        return out
+
     def _check(self, t: int) -> list[Event]:
         s = self.s
+        out: list[Event] = self._check_nodes(t) if s["agent"] else []
         timeout = self.timeout_us()
-        out: list[Event] = []
         for rank in sorted(s["seen"], key=int):
             last = s["seen"][rank]
             key = f"rank:{rank}"
             if t - last > timeout and rank not in s["exited"] and not self.book.is_open(key):
+                node = s["node"].get(rank)
+                if node is not None and self.book.is_open(f"node:{node}"):
+                    continue  # its node's verdict stands for it
                 med = median(s["iv"]) / 1000 if s["iv"] else None
                 out.extend(self.book.raise_(
                     key, kind=VerdictKind.RANK_SILENT, subject=Subject(rank=int(rank),

@@ -133,6 +133,10 @@ PARAMS: dict[str, tuple[Param, ...]] = {
         Param("k_step_times", NUM, 10.0, gt(0), "silence allowed, in median step times"),
         Param("floor_ms", NUM, 60000.0, gt(0), "silence always allowed"),
         Param("check_every_ms", NUM, 1000.0, gt(0), "event-time period of the silence check"),
+        Param("node_k_intervals", NUM, 10.0, gt(0),
+              "a node is silent after this many of its agent's intervals with nothing from "
+              "its agent or its ranks ..."),
+        Param("node_floor_ms", NUM, 10000.0, gt(0), "... and never before this long"),
     ),
     "section_hang": (
         Param("k", NUM, 3.0, gt(1), "bound = k x the longest recent duration of the section"),
