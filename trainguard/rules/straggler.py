@@ -27,6 +27,10 @@ offset. The reasoning behind every threshold is in docs/rules.md ("Straggler").
   ``min_sigma``), and that was over its peers in ``k`` of its last ``n`` steps, is flagged: its
   peers agree with each other and it does not. Where normals differ by design the MAD is wide
   and nothing stands out. Stages of fewer ranks are judged against their own history only.
+* **Small stages.** A pipeline stage of at most ``SMALL_STAGE_RANKS`` ranks is judged against
+  the other stages: ``l = log(compute / median of the other stages' step medians)`` (the stage
+  medians aligned per step like ranks), with the same own normal and tests. A stage slower by
+  design is normal at its speed; a lone rank, or a pair slowing together, is flagged.
 * **Bursts.** A CPU quota throttles a process for the rest of each period once its share is
   spent, so most steps run normally and one in a few stalls (the drills' 2 % quota: a fifth of
   the steps ~100x their peers; the medians untouched). A *burst* is a step at least
@@ -57,11 +61,17 @@ from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepRe
 from trainguard.rules import steps
 from trainguard.rules.base import Context, Evidence, RuleBase, num
 from trainguard.rules.stats import median, median_without
-from trainguard.rules.steps import Cell, StepGroup
+from trainguard.rules.steps import Cell, Pending, StepGroup
 
 OWN_NORMAL = "own_normal"
 STAGE_NORMAL = "stage_normal"
 BURSTS = "bursts"
+
+
+# A pipeline stage of at most this many ranks is judged against the other stages: with one rank
+# there is no peer, with two each is the other's only peer and a stage slowing as a whole moves
+# both (docs/rules.md, "Small stages").
+SMALL_STAGE_RANKS = 2
 
 
 def stage_of(report: StepReport) -> str:
@@ -202,11 +212,19 @@ class StragglerRule(RuleBase):
         self.settle: dict[str, int] = {}  # rank -> closed steps of a new replica still left out
         self.seen: dict[str, bool] = {}  # ranks met so far
         self.ranks: dict[str, RankState] = {}
+        # pp stages only: each closed step's stage median, aligned over the stages like ranks
+        # over a stage; and the closed rows of small stages waiting for their step's medians
+        self.cross = StepGroup()
+        self.held: dict[str, list[Pending]] = {}
+        self._stages = 0  # while judging: stages in the reference (0: the rank's stage peers)
 
     def snapshot(self) -> dict[str, Any]:
         state = {"groups": {g: group.doc() for g, group in self.groups.items()},
                  "node": self.node, "settle": self.settle, "seen": self.seen,
-                 "ranks": {r: st.doc() for r, st in self.ranks.items()}}
+                 "ranks": {r: st.doc() for r, st in self.ranks.items()},
+                 "cross": self.cross.doc(),
+                 "held": {g: [[p.step, {r: list(c) for r, c in p.row.items()}] for p in rows]
+                          for g, rows in self.held.items()}}
         return {"state": state, "open": self.book.open}
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -217,6 +235,11 @@ class StragglerRule(RuleBase):
         self.settle = {str(r): int(n) for r, n in s.get("settle", {}).items()}
         self.seen = {str(r): bool(v) for r, v in s.get("seen", {}).items()}
         self.ranks = {str(r): RankState.from_doc(d) for r, d in s.get("ranks", {}).items()}
+        self.cross = StepGroup.from_doc(s["cross"]) if "cross" in s else StepGroup()
+        self.held = {str(g): [Pending(int(step), {str(r): Cell(float(c[0]), int(c[1]))
+                                                  for r, c in row.items()})
+                              for step, row in rows]
+                     for g, rows in s.get("held", {}).items()}
         self.book.open = doc["open"]
 
     def rebind(self, rank: str, event: Event) -> list[Event]:
@@ -238,6 +261,8 @@ class StragglerRule(RuleBase):
             if payload.action is CheckpointAction.LOADED:
                 for g in self.groups.values():
                     steps.reset(g)
+                steps.reset(self.cross)
+                self.held = {}
             return []
         rep = cast(StepReport, payload)
         stage = "-" if rep.pp_stage is None else str(rep.pp_stage)  # stage_of
@@ -259,11 +284,60 @@ class StragglerRule(RuleBase):
             return []
         out: list[Event] = []
         for step, row in closed:
-            out.extend(self._judge(stage, step, row))
+            if stage == "-":
+                out.extend(self._judge(stage, step, row))
+            else:
+                out.extend(self._stage_step(stage, step, row))
         return out
 
-    def _judge(self, stage: str, step: int, row: dict[str, Cell]) -> list[Event]:
+    def _stage_step(self, stage: str, step: int, row: dict[str, Cell]) -> list[Event]:
+        """A closed step of a pp stage: a stage of more than ``SMALL_STAGE_RANKS`` ranks is
+        judged at once among its ranks; a smaller one once every stage's median of that step is
+        known (or ``close_lag_steps`` later), each rank against the median of the other stages'
+        medians."""
+        out: list[Event] = []
+        small = len(self.groups[stage].ranks) <= SMALL_STAGE_RANKS  # ranks it ever had
+        if not small:
+            out = self._judge(stage, step, row)
+        else:
+            self.held.setdefault(stage, []).append(Pending(step, row))
+        cross = self.cross
+        before = cross.max
+        closed = steps.add(cross, stage, step, median([c.value for c in row.values()]),
+                           max(c.time for c in row.values()), self.q.close_lag_steps)
+        if cross.max < before:  # the steps went back (a resume): rows held from before go
+            self.held = {stage: [p for p in self.held.get(stage, []) if p.step == step]} \
+                if small else {}
+        for cstep, crow in closed:
+            out.extend(self._judge_small(cstep, crow))
+        return out
+
+    def _judge_small(self, step: int, medians: dict[str, Cell]) -> list[Event]:
+        """The held rows of ``step``: each small stage against the other stages (or among its
+        own ranks where no other stage reported the step). Older held rows (their step closed
+        without them) are dropped."""
+        out: list[Event] = []
+        for stage in sorted(self.held):
+            rows = self.held[stage]
+            while rows and rows[0].step <= step:
+                held = rows.pop(0)
+                if held.step != step:
+                    continue
+                others = sorted(c.value for g, c in medians.items() if g != stage)
+                if others:
+                    out.extend(self._judge(stage, step, held.row, median(others), len(others)))
+                else:
+                    out.extend(self._judge(stage, step, held.row))
+            if not rows:
+                del self.held[stage]
+        return out
+
+    def _judge(self, stage: str, step: int, row: dict[str, Cell], ref: float = 0.0,
+               stages: int = 0) -> list[Event]:
+        """Judge the ranks of a closed step: each against the median of its peers in ``row``,
+        or (``stages`` > 0) against ``ref``, the median of that many other stages' medians."""
         q = self.q
+        self._stages = stages
         settle = self.settle
         judged: list[str] = []
         for rank in sorted(row):
@@ -273,8 +347,8 @@ class StragglerRule(RuleBase):
                     del settle[rank]
                 continue
             judged.append(rank)
-        if len(judged) < 2:
-            return []  # no peer: a lone rank is not judged here
+        if len(judged) < (1 if stages else 2):
+            return []  # no peer: a lone rank is judged against the other stages or not at all
         values = sorted(row[r][0] for r in judged)
         levels = self.levels
         lowest = levels[0]
@@ -302,7 +376,7 @@ class StragglerRule(RuleBase):
         ranks = self.ranks
         for rank in judged:
             value, time = row[rank]
-            peer = median_without(values, bisect.bisect_left(values, value))
+            peer = ref if stages else median_without(values, bisect.bisect_left(values, value))
             if peer <= 0 or value <= 0:
                 continue
             st = ranks.get(rank)
@@ -514,7 +588,8 @@ class StragglerRule(RuleBase):
                 "steps_over": sum(1 for r in recent if r.level >= 0), "steps": len(recent),
                 "llr": num(max(st.llr)), "own_over_rate": num(st.over_rates[0]),
                 "bursts": st.bursts, "burst_steps": self.q.burst_steps,
-                "peers": ranks - 1, "pp_stage": stage, "step": step}
+                "peers": ranks - 1, "pp_stage": stage, "step": step,
+                **({"reference": "other_stages", "stages": self._stages} if self._stages else {})}
 
 
 def _recent_effect(st: RankState, ref: float, n: int) -> float:
