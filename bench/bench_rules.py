@@ -7,7 +7,8 @@ verdicts over 100k rank-steps with +-10% and +-20% noise and with a rotating slo
 step report is one sample; a telemetry record counts one sample per GPU. Each figure is printed
 for the straggler rule as it was before issue 14 ("before", bench/legacy_straggler.py), as it was
 on main before the replay-rate work ("main", bench/main_straggler.py: same output, byte for
-byte) and as it is ("after"), in the same run; the ratios after/main close the run.
+byte) and as it is ("after"), in the same run; a side-by-side table of the replay rates with
+the ratios after/before (the pre-issue baseline) and after/main follows them.
 """
 
 from __future__ import annotations
@@ -148,9 +149,17 @@ def main() -> None:
                       f"{size:,} bytes")
 
     names = ("mixed", "step reports", "straggler alone")
-    print("replay rate after/main: " + ", ".join(
-        f"{n} {a / m:.2f}x" for n, a, m in zip(names, rates["after"], rates["main"],
-                                                     strict=True)))
+    print("replay rate side by side (samples/s):")
+    print(f"  {'':<18}{'before':>14}{'main':>14}{'after':>14}{'after/before':>14}"
+          f"{'after/main':>12}")
+    for i, n in enumerate(names):
+        bef, mai, aft = rates["before"][i], rates["main"][i], rates["after"][i]
+        print(f"  {n:<18}{bef:>14,.0f}{mai:>14,.0f}{aft:>14,.0f}{aft / bef:>13.2f}x"
+              f"{aft / mai:>11.2f}x")
+    for base in ("before", "main"):
+        print(f"replay rate after/{base}: " + ", ".join(
+            f"{n} {a / m:.2f}x" for n, a, m in zip(names, rates["after"], rates[base],
+                                                         strict=True)))
 
     for label, rs, ctx in variants(rules):
         if label == "main":

@@ -31,6 +31,7 @@ from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepRe
 from trainguard.rules import steps
 from trainguard.rules.base import Evidence, RuleBase, num
 from trainguard.rules.stats import median_without
+from trainguard.rules.steps import Cell
 
 
 def stage_of(report: StepReport) -> str:
@@ -87,7 +88,7 @@ class LegacyStragglerRule(RuleBase):
             out.extend(self._judge(stage, step, row))
         return out
 
-    def _judge(self, stage: str, step: int, row: dict[str, list[float]]) -> list[Event]:
+    def _judge(self, stage: str, step: int, row: dict[str, Cell]) -> list[Event]:
         p = self.p
         s = self.s
         size = int(p["window_steps"])
@@ -170,7 +171,7 @@ class LegacyStragglerRule(RuleBase):
                     out.extend(self.book.resolve(key, decided_time=time, evidence=ev))
         return out
 
-    def _count_bursts(self, step: int, row: dict[str, list[float]],
+    def _count_bursts(self, step: int, row: dict[str, Cell],
                       judged: list[str]) -> dict[str, list[list[Any]]]:
         """Push this step's burst flag of every judged rank (each against its peers' median of
         this one step); -> rank -> its last ``burst_steps`` flags."""

@@ -58,6 +58,7 @@ from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepRe
 from trainguard.rules import steps
 from trainguard.rules.base import Context, Evidence, RuleBase, num
 from trainguard.rules.stats import median, median_without
+from trainguard.rules.steps import Cell
 
 OWN_NORMAL = "own_normal"
 STAGE_NORMAL = "stage_normal"
@@ -226,7 +227,7 @@ class MainStragglerRule(RuleBase):
             out.extend(self._judge(stage, step, row))
         return out
 
-    def _judge(self, stage: str, step: int, row: dict[str, list[float]]) -> list[Event]:
+    def _judge(self, stage: str, step: int, row: dict[str, Cell]) -> list[Event]:
         q = self.q
         settle = self.s.get("settle")
         judged: list[str] = []
@@ -367,7 +368,7 @@ class MainStragglerRule(RuleBase):
         st.spread += w * (abs(dev) - st.spread)
 
     def _stage_outliers(self, candidates: list[str], judged: list[str], stage: str, step: int,
-                        row: dict[str, list[float]]) -> list[Event]:
+                        row: dict[str, Cell]) -> list[Event]:
         """Ranks slow from the start: their normal stands out from their stage peers'."""
         q = self.q
         normals = sorted((self.ranks[r].normal, r) for r in judged

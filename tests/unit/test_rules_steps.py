@@ -267,3 +267,80 @@ def test_straggler_state_survives_snapshot_and_restore_mid_run() -> None:
     assert [v.event_id for v in out_parts] == [v.event_id for v in out_whole]
     assert len(out_whole) >= 2
     assert orjson.dumps(parts.snapshot()) == orjson.dumps(whole.snapshot())
+
+
+def _pipeline(sizes: list[int], steps: int, speed: dict[int, tuple[int, float]],
+              design: dict[int, float], seed: int = 5) -> list[Event]:
+    """Stage s has ``sizes[s]`` ranks; ``design``: rank -> its normal speed factor; ``speed``:
+    rank -> (from step, factor)."""
+    import random
+
+    rng = random.Random(seed)
+    stage_of = [s for s, n in enumerate(sizes) for _ in range(n)]
+    out = []
+    for step in range(steps):
+        for rank, stage in enumerate(stage_of):
+            f = design.get(rank, 1.0)
+            if rank in speed and step >= speed[rank][0]:
+                f *= speed[rank][1]
+            out.append(step_report("j", rank, step, 1_700_000_000_000_000 + step * 200_000
+                                   + rank * 10, 100.0 * f * (1 + rng.uniform(-0.1, 0.1)),
+                                   world=len(stage_of), pp_stage=stage))
+    return out
+
+
+def test_a_one_rank_stage_is_judged_against_the_other_stages() -> None:
+    # stages of 4, 4 and 1 rank; the lone rank (8) is 1.7x by design (silent: its own normal)
+    # and 1.6x more from step 80: flagged against the other stages' medians
+    quiet = _pipeline([4, 4, 1], 160, {}, {8: 1.7})
+    assert [v for v in verdicts(quiet) if v.kind == "straggler"] == []
+    vs = [v for v in verdicts(_pipeline([4, 4, 1], 160, {8: (80, 1.6)}, {8: 1.7}))
+          if v.kind == "straggler"]
+    assert [(v.state.value, v.evidence["pp_stage"]) for v in vs] == [("open", "2")]
+    ev = vs[0].evidence
+    assert ev["reference"] == "other_stages" and ev["stages"] == 2 and ev["peers"] == 0
+    assert ev["first_anomalous_step"] == 80 and 80 <= int(str(ev["step"])) <= 84
+    assert isinstance(ev["adjusted_ratio"], float) and 1.4 < ev["adjusted_ratio"] < 1.8
+
+
+def test_a_two_rank_stage_that_slows_as_a_whole_is_flagged_rank_by_rank() -> None:
+    # stage 1 (ranks 4, 5) both 1.6x from step 80: each is its stage peer's equal, both slower
+    # than the other stages than they normally are
+    events = _pipeline([4, 2, 4], 160, {4: (80, 1.6), 5: (80, 1.6)}, {})
+    out = replay(events, RULES, "j")
+    opened = sorted(v.subject.rank or -1 for v in out if isinstance(v.payload, Verdict)
+                    and v.payload.kind == "straggler")
+    assert opened == [4, 5]
+    # a whole big stage slowing is no straggler (the stage-imbalance rule's business)
+    events = _pipeline([4, 4, 4], 160, {r: (80, 1.6) for r in range(4, 8)}, {})
+    assert [v for v in verdicts(events) if v.kind == "straggler"] == []
+
+
+def test_small_stage_state_survives_snapshot_and_restore_and_older_snapshots_load() -> None:
+    from trainguard.rules.base import Context
+    from trainguard.rules.straggler import StragglerRule
+
+    events = sorted(_pipeline([3, 2, 1], 140, {5: (70, 1.8)}, {5: 1.3}),
+                    key=lambda e: (e.event_time, e.event_id))
+    ctx = Context("j", RULES.version, RULES.get("straggler"))
+    whole, parts = StragglerRule(ctx), StragglerRule(ctx)
+    out_whole, out_parts = [], []
+    held = 0
+    for i, e in enumerate(events):
+        out_whole.extend(whole.feed(e))
+        if i % 37 == 0:
+            doc = orjson.loads(orjson.dumps(parts.snapshot()))
+            held += bool(doc["state"]["held"])
+            parts = StragglerRule(ctx)
+            parts.restore(doc)
+        out_parts.extend(parts.feed(e))
+    assert held  # some snapshots were taken with small-stage rows waiting
+    assert [v.event_id for v in out_parts] == [v.event_id for v in out_whole]
+    assert len(out_whole) == 1 and out_whole[0].subject.rank == 5
+    # a snapshot written before small stages were judged (no "cross", no "held") loads
+    old = orjson.loads(orjson.dumps(whole.snapshot()))
+    del old["state"]["cross"], old["state"]["held"]
+    again = StragglerRule(ctx)
+    again.restore(old)
+    assert again.held == {} and again.cross.closed == -1 and again.ranks.keys() == \
+        whole.ranks.keys()

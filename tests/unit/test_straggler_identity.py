@@ -1,6 +1,9 @@
-"""The straggler rule's replay-rate work changed no output: on the quality suite's cases and on
-generated jobs (hypothesis: noise, slow ranks, stages, a checkpoint resume), the rule gives the
-same verdict bytes as the verbatim copy of the rule before that work (bench/main_straggler.py)."""
+"""The straggler rule's replay-rate work and its typed state changed no output: on the quality
+suite's cases and on generated jobs (hypothesis: noise, slow ranks, stages, a checkpoint resume),
+the rule gives the same verdict bytes as the verbatim copy of the rule before that work
+(bench/main_straggler.py). Pipeline stages of at most ``SMALL_STAGE_RANKS`` ranks are judged
+against the other stages since (issue 14, "Small stages"): jobs with such stages are left out
+here; the quality suite scores them."""
 
 from __future__ import annotations
 
@@ -46,12 +49,12 @@ def both(events: list[Event], rules: RuleSet = STRAGGLER) -> tuple[list[bytes], 
 
 @pytest.mark.parametrize("name", [c.name for c in all_cases()
                                   if c.name in {"alibaba-1", "alibaba-3", "hetero-late-2.2x",
-                                                "persist-1.2x", "late-1.2x", "stage-2-late-1.6x",
+                                                "persist-1.2x", "late-1.2x", "stages-8-ranks",
                                                 "throttle-bursts"}])
 def test_suite_cases_give_the_same_bytes(name: str) -> None:
     case = next(c for c in all_cases() if c.name == name)
     new, old = both(sorted_events(case))
-    assert new == old and new  # every one of these cases opens a verdict
+    assert new == old and (new or name == "stages-8-ranks")  # the others open a verdict
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,6 +64,8 @@ def test_suite_cases_give_the_same_bytes(name: str) -> None:
                                                           st.floats(0.5, 4.0)), max_size=3))
 def test_generated_jobs_give_the_same_bytes(ranks: int, stages: int, noise: float, seed: int,
                                             slow: dict[int, tuple[int, float]]) -> None:
+    if stages == 2:  # two stages of at least 3 ranks each: no small stage
+        ranks = max(ranks - ranks % 2, 6)
     events = list(job_steps("j", ranks, 160, noise=noise, seed=seed, slow=slow,
                             stages=stages))
     new, old = both(events, dataclasses.replace(STRAGGLER))

@@ -108,15 +108,31 @@ def _late(factor: float, seed: int, onset: int = 120) -> list[Event]:
 
 
 def _stages(per_stage: int, stages: int, seed: int, slow: tuple[int, int, float] | None = None,
-            ) -> list[Event]:
-    """Stage imbalance by design: stage s runs (1 + 0.15 s)x; ``slow`` = (rank, from, factor)."""
+            also: tuple[int, ...] = ()) -> list[Event]:
+    """Stage imbalance by design: stage s runs (1 + 0.15 s)x; ``slow`` = (rank, from, factor),
+    the ranks in ``also`` slowed with it."""
     def speed(rank: int, step: int, rng: random.Random) -> float:
         f = 1.0 + 0.15 * (rank // per_stage)
-        if slow is not None and rank == slow[0] and step >= slow[1]:
+        if slow is not None and (rank == slow[0] or rank in also) and step >= slow[1]:
             f *= slow[2]
         return f
     return generate(f"stages-{per_stage}", per_stage * stages, 400, speed, stages=stages,
                     noise=0.1, seed=seed)
+
+
+def _layout(job: str, sizes: list[int], speed: Speed, seed: int, steps: int = 400,
+            noise: float = 0.1) -> list[Event]:
+    """A pipeline job whose stage s has ``sizes[s]`` ranks (contiguous); speed as ``generate``."""
+    stage_of = [s for s, n in enumerate(sizes) for _ in range(n)]
+    rng = random.Random(seed)
+    out = []
+    for step in range(steps):
+        t = T0 + step * STEP_US
+        for rank, stage in enumerate(stage_of):
+            ms = 100.0 * speed(rank, step, rng) * (1.0 + rng.uniform(-noise, noise))
+            out.append(step_report(job, rank, step, t + rank * 10, ms, world=len(stage_of),
+                                   pp_stage=stage))
+    return out
 
 
 def _noise() -> list[Event]:
@@ -250,6 +266,21 @@ def _synthetic_cases() -> list[Case]:
         Case("stage-2-late-1.6x", lambda: _stages(2, 8, 132, (9, 200, 1.6)),
              (Expect("straggler", 9, 198, 206, 200),),
              note="8 stages x 2 ranks; rank 9 1.6x from 200"),
+        Case("stage-1-rank-late-1.6x", lambda: _stages(1, 8, 133, (5, 200, 1.6)),
+             (Expect("straggler", 5, 198, 206, 200),),
+             note="8 stages x 1 rank (by design 1-2.05x); rank 5 1.6x from 200"),
+        Case("stage-2-both-late-1.6x", lambda: _stages(2, 8, 134, (8, 200, 1.6), (9,)),
+             (Expect("straggler", 8, 198, 206, 200), Expect("straggler", 9, 198, 206, 200)),
+             note="8 stages x 2 ranks; stage 4 (ranks 8, 9) 1.6x from 200"),
+        Case("stage-1-rank-by-design", lambda: _layout(
+            "stage-1-design", [8, 8, 8, 1], lambda r, s, g: 1.8 if r == 24 else 1.0, 135),
+             note="3 stages x 8 ranks + a 1-rank stage 1.8x by design"),
+        Case("stage-1-rank-by-design-late-1.5x", lambda: _layout(
+            "stage-1-design-late", [8, 8, 8, 1],
+            lambda r, s, g: (1.8 if r == 24 else 1.0) * (1.5 if r == 24 and s >= 250 else 1.0),
+            136),
+             (Expect("straggler", 24, 248, 256, 250),),
+             note="3 stages x 8 ranks + a 1-rank stage 1.8x by design, 1.5x more from 250"),
         Case("noise-20pct", _noise, note="16 ranks x 3000 steps, +-20% noise"),
         Case("bursts-every-5th", _bursts_all, note="every 5th step 2x on every rank"),
         Case("bursts-one-rank", _bursts_one, note="rank 4: every 5th step 2x from the start"),

@@ -184,7 +184,7 @@ class RuleEngine:
         rank = str(ex.rank)
         if ex.binding_epoch is None:
             entry = self.gate.ranks.get(rank)
-            return entry is not None and ex.pid in entry[2]
+            return entry is not None and ex.pid in entry.old
         known = [e for e in (self.gate.epoch(ex.rank), self._arrived_epoch.get(rank))
                  if e is not None]
         return bool(known) and ex.binding_epoch < max(known)

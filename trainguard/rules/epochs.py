@@ -25,12 +25,14 @@ event-time order and decides the same in live processing and replay:
   bound one (a replaced replica), or an exit without an epoch whose pid belonged to an older
   binding of the rank: counted, never evaluated.
 
-State is plain JSON: ``{rank: [epoch, bound pid or None, [pids of older epochs]]}`` and the
+State: ``{rank: Binding}``; as JSON ``{rank: [epoch, bound pid or None, [pids of older
+epochs]]}`` and the
 ranks seen reporting before any binding.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -46,11 +48,23 @@ class Gate(Enum):
     STALE = 2
 
 
+@dataclass(slots=True)
+class Binding:
+    """A rank's verified binding (JSON: ``[epoch, pid, old]``)."""
+
+    epoch: int
+    pid: int | None  # the bound replica's pid, when known
+    old: list[int] = field(default_factory=list)  # pids of older epochs, newest last
+
+    def doc(self) -> list[Any]:
+        return [self.epoch, self.pid, self.old]
+
+
 class EpochGate:
     types = frozenset({"step.report", "heartbeat", "process.exit", "pool.unit"})
 
     def __init__(self) -> None:
-        self.ranks: dict[str, list[Any]] = {}
+        self.ranks: dict[str, Binding] = {}
         self.seen: set[str] = set()  # ranks with an admitted report before any binding
         self.stale = 0
 
@@ -68,7 +82,7 @@ class EpochGate:
             if ex.binding_epoch is not None:
                 return self._report(rank, ex.binding_epoch, ex.pid)
             entry = self.ranks.get(rank)
-            if entry is not None and ex.pid in entry[2]:
+            if entry is not None and ex.pid in entry.old:
                 self.stale += 1
                 return Gate.STALE
             return Gate.ADMIT
@@ -84,9 +98,9 @@ class EpochGate:
         if entry is None:
             self.seen.add(rank)
             return Gate.ADMIT
-        if epoch >= entry[0]:
+        if epoch >= entry.epoch:
             return Gate.ADMIT  # a claim of a newer epoch proves nothing and moves nothing
-        if pid is not None and pid == entry[1] and pid not in entry[2]:
+        if pid is not None and pid == entry.pid and pid not in entry.old:
             return Gate.ADMIT  # the bound replica itself, whatever epoch it claims
         self.stale += 1
         return Gate.STALE
@@ -95,34 +109,37 @@ class EpochGate:
         """A verified binding of ``rank`` at ``epoch`` (pid of the replica, when known)."""
         entry = self.ranks.get(rank)
         if entry is None:
-            self.ranks[rank] = [epoch, pid, []]
+            self.ranks[rank] = Binding(epoch, pid)
             if rank in self.seen:  # a replica reported before: this binding is a new one
                 self.seen.discard(rank)
                 return Gate.REBIND
             return Gate.ADMIT
-        if epoch < entry[0]:
+        if epoch < entry.epoch:
             return Gate.ADMIT  # an older binding read late: the newer one stands
-        if epoch == entry[0]:
+        if epoch == entry.epoch:
             if pid is not None:
-                entry[1] = pid
+                entry.pid = pid
             return Gate.ADMIT
-        old: list[int] = entry[2]
-        if entry[1] is not None and entry[1] != pid and entry[1] not in old:
-            old.append(entry[1])
+        old = entry.old
+        if entry.pid is not None and entry.pid != pid and entry.pid not in old:
+            old.append(entry.pid)
             if len(old) > OLD_PIDS:
                 del old[0]
-        entry[0] = epoch
-        entry[1] = pid
+        entry.epoch = epoch
+        entry.pid = pid
         return Gate.REBIND
 
     def epoch(self, rank: int) -> int | None:
         entry = self.ranks.get(str(rank))
-        return None if entry is None else int(entry[0])
+        return None if entry is None else entry.epoch
 
     def snapshot(self) -> dict[str, Any]:
-        return {"ranks": self.ranks, "stale": self.stale, "seen": sorted(self.seen)}
+        return {"ranks": {r: b.doc() for r, b in self.ranks.items()}, "stale": self.stale,
+                "seen": sorted(self.seen)}
 
     def restore(self, doc: dict[str, Any]) -> None:
-        self.ranks = {k: [int(v[0]), v[1], list(v[2])] for k, v in doc["ranks"].items()}
+        self.ranks = {str(k): Binding(int(v[0]), None if v[1] is None else int(v[1]),
+                                      [int(p) for p in v[2]])
+                      for k, v in doc["ranks"].items()}
         self.stale = int(doc["stale"])
         self.seen = {str(r) for r in doc.get("seen", [])}

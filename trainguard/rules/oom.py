@@ -15,7 +15,9 @@ The same pid reported twice (``oom-kill:`` then ``Killed process``, ``oom_reaper
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
+
+import orjson
 
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import (
@@ -28,9 +30,16 @@ from trainguard.events.payloads import (
     StepReport,
     VerdictKind,
 )
-from trainguard.rules.base import RuleBase
+from trainguard.rules.base import Context, RuleBase
 
 MESSAGE_EVIDENCE = 240
+
+
+class ProcessOf(NamedTuple):
+    """A rank's latest known process (JSON: ``[pid, node]``)."""
+
+    pid: int
+    node: str | None
 
 
 class OomKillRule(RuleBase):
@@ -38,14 +47,26 @@ class OomKillRule(RuleBase):
     types = frozenset({"node.health", "step.report", "heartbeat", "process.exit",
                        "telemetry.node"})
 
-    def initial_state(self) -> dict[str, Any]:
-        # pids: rank -> [pid, node or None] of its latest known process; last: node -> time of
-        # the latest non-rank kill there (open node verdicts only)
-        return {"pids": {}, "last": {}}
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.pids: dict[str, ProcessOf] = {}  # rank -> its latest known process
+        self.last: dict[str, int] = {}  # "node:N" -> time of its latest non-rank kill (open)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"state": {"pids": {r: list(p) for r, p in self.pids.items()},
+                          "last": self.last}, "open": self.book.open}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        doc = orjson.loads(orjson.dumps(state))
+        s = doc["state"]
+        self.pids = {str(r): ProcessOf(int(p[0]), None if p[1] is None else str(p[1]))
+                     for r, p in s["pids"].items()}
+        self.last = {str(k): int(t) for k, t in s["last"].items()}
+        self.book.open = doc["open"]
 
     def feed(self, event: Event) -> list[Event]:
         t = event.event_time
-        out = self._quiet(t) if self.s["last"] else []
+        out = self._quiet(t) if self.last else []
         p = event.payload
         kind = type(p)
         node = event.subject.node
@@ -62,7 +83,7 @@ class OomKillRule(RuleBase):
                         evidence={"step": report.step,
                                   "binding_epoch": report.binding_epoch}))
         elif isinstance(p, ProcessExit):
-            if p.rank is not None and str(p.rank) not in self.s["pids"]:
+            if p.rank is not None and str(p.rank) not in self.pids:
                 self._learn(str(p.rank), p.pid, node)
         elif isinstance(p, NodeTelemetry):
             for proc in p.processes:
@@ -74,13 +95,12 @@ class OomKillRule(RuleBase):
         return out
 
     def _learn(self, rank: str, pid: int, node: str | None) -> None:
-        pids: dict[str, list[Any]] = self.s["pids"]
-        cur = pids.get(rank)
-        if cur is None or cur[0] != pid or cur[1] != node:
-            pids[rank] = [pid, node]
+        cur = self.pids.get(rank)
+        if cur is None or cur.pid != pid or cur.node != node:
+            self.pids[rank] = ProcessOf(pid, node)
 
     def _rank_of(self, pid: int, node: str | None) -> int | None:
-        for rank, (rpid, rnode) in self.s["pids"].items():
+        for rank, (rpid, rnode) in self.pids.items():
             if rpid == pid and (rnode is None or node is None or rnode == node):
                 return int(rank)
         return None
@@ -97,7 +117,7 @@ class OomKillRule(RuleBase):
                                     subject=Subject(node=node, rank=rank), severity=None,
                                     first_time=t, decided_time=t, evidence=evidence)
         key = f"node:{node}"
-        self.s["last"][key] = t
+        self.last[key] = t
         return self.book.raise_(key, kind=VerdictKind.OOM_KILL_PROCESS, subject=Subject(node=node),
                                 severity=self._process_severity(), first_time=t,
                                 decided_time=t, evidence=evidence)
@@ -106,7 +126,7 @@ class OomKillRule(RuleBase):
         return Severity(self.p["process_severity"])
 
     def _quiet(self, t: int) -> list[Event]:
-        last: dict[str, int] = self.s["last"]
+        last = self.last
         if not last:
             return []
         quiet = int(self.p["resolve_quiet_ms"] * 1000)

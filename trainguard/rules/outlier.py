@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, NamedTuple, cast
+
+import orjson
 
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeTelemetry, VerdictKind
-from trainguard.rules.base import RuleBase, num
+from trainguard.rules.base import Context, RuleBase, num
 from trainguard.rules.gpu_health import _sustain, gpu_subject
 from trainguard.rules.stats import mad, median, robust_z
 
@@ -24,43 +27,102 @@ _DIRECTION = {"temperature_c": 1, "sm_clock_mhz": -1, "power_w": 0,
               "memory_temperature_c": 1, "mem_clock_mhz": -1}
 
 
+class Sample(NamedTuple):
+    """A GPU's latest sample (JSON: ``[time, util, metric values...]``)."""
+
+    time: int
+    util: float
+    values: tuple[float | None, ...]  # the ``metrics`` parameter's, in order
+
+    def doc(self) -> list[Any]:
+        return [self.time, self.util, *self.values]
+
+    @classmethod
+    def of(cls, doc: list[Any]) -> Sample:
+        return cls(int(doc[0]), doc[1], tuple(doc[2:]))
+
+
+class Bound(NamedTuple):
+    """One metric's job-wide statistics: median, scale and the normal range."""
+
+    med: float
+    scale: float
+    low: float  # -inf: no lower bound
+    high: float  # inf: no upper bound
+
+
+@dataclass(slots=True)
+class JobStats:
+    """The job-wide statistics last computed and when (event time); JSON via ``doc``."""
+
+    at: int
+    util_med: float | None  # None: too few busy GPUs
+    bounds: list[Bound | None]
+    peers: int
+
+    def doc(self) -> dict[str, Any]:
+        return {"at": self.at, "util_med": self.util_med, "bounds": [
+            None if b is None else [b.med, b.scale, None if math.isinf(b.low) else b.low,
+                                    None if math.isinf(b.high) else b.high]
+            for b in self.bounds], "peers": self.peers}
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> JobStats:
+        return cls(int(doc["at"]), doc["util_med"], [
+            None if b is None else Bound(b[0], b[1], -math.inf if b[2] is None else b[2],
+                                         math.inf if b[3] is None else b[3])
+            for b in doc["bounds"]], int(doc["peers"]))
+
+
 class HwOutlierRule(RuleBase):
     kinds = frozenset({VerdictKind.HW_OUTLIER})
     types = frozenset({"telemetry.node"})
 
-    def initial_state(self) -> dict[str, Any]:
-        # latest: "node/gpu" -> [time, util, metric values...]; runs: sustain counters;
-        # stats: the job-wide statistics last computed and when (event time)
-        return {"latest": {}, "runs": {}, "stats": None}
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.latest: dict[str, Sample] = {}  # "node/gpu" -> its latest sample
+        self.runs: dict[str, list[int]] = {}  # sustain counters (gpu_health._sustain)
+        self.stats: JobStats | None = None
 
-    def _job_stats(self, t: int, latest: dict[str, list[Any]], metrics: list[str]
-                   ) -> tuple[float, list[tuple[float, float, float, float] | None], int] | None:
+    def snapshot(self) -> dict[str, Any]:
+        return {"state": {"latest": {k: v.doc() for k, v in self.latest.items()},
+                          "runs": self.runs,
+                          "stats": None if self.stats is None else self.stats.doc()},
+                "open": self.book.open}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        doc = orjson.loads(orjson.dumps(state))
+        s = doc["state"]
+        self.latest = {str(k): Sample.of(v) for k, v in s["latest"].items()}
+        self.runs = s["runs"]
+        self.stats = None if s["stats"] is None else JobStats.of(s["stats"])
+        self.book.open = doc["open"]
+
+    def _job_stats(self, t: int, latest: dict[str, Sample], metrics: list[str]
+                   ) -> tuple[float, list[Bound | None], int] | None:
         """Median util and per-metric (median, scale, low, high) over the job's busy GPUs,
         recomputed at most every ``recompute_ms`` of event time (kept in the state, so a
         restored engine decides exactly as an uninterrupted one)."""
         p = self.p
-        cached = self.s.get("stats")
-        if cached is not None and t - cached["at"] < p["recompute_ms"] * 1000:
-            if cached["util_med"] is None:
+        cached = self.stats
+        if cached is not None and t - cached.at < p["recompute_ms"] * 1000:
+            if cached.util_med is None:
                 return None
-            return cached["util_med"], [None if b is None else
-                                        (b[0], b[1], -math.inf if b[2] is None else b[2],
-                                         math.inf if b[3] is None else b[3])
-                                        for b in cached["bounds"]], cached["peers"]
+            return cached.util_med, cached.bounds, cached.peers
         # stale samples leave only when the statistics are recomputed (nothing else reads
         # other GPUs' rows): one sweep per interval, not one per node record
         stale = int(p["stale_ms"] * 1000)
-        for key in [k for k, v in latest.items() if t - v[0] > stale]:
+        for key in [k for k, v in latest.items() if t - v.time > stale]:
             del latest[key]
-        busy = [v for _, v in sorted(latest.items()) if v[1] >= p["min_util_pct"]]
+        busy = [v for _, v in sorted(latest.items()) if v.util >= p["min_util_pct"]]
         if len(busy) - 1 < int(p["min_peers"]):
-            self.s["stats"] = {"at": t, "util_med": None, "bounds": [], "peers": 0}
+            self.stats = JobStats(t, None, [], 0)
             return None
-        util_med = median([v[1] for v in busy])
+        util_med = median([v.util for v in busy])
         thr = p["z_threshold"]
-        bounds: list[tuple[float, float, float, float] | None] = []
+        bounds: list[Bound | None] = []
         for i, metric in enumerate(metrics):
-            values = [v[2 + i] for v in busy if v[2 + i] is not None]
+            values = [x for v in busy if (x := v.values[i]) is not None]
             if len(values) - 1 < int(p["min_peers"]):
                 bounds.append(None)
                 continue
@@ -68,12 +130,9 @@ class HwOutlierRule(RuleBase):
             scale = max(mad(values, med), p["min_mad_fraction"] * abs(med), 1e-12)
             reach = thr * scale / 0.6745
             d = _DIRECTION.get(metric, 0)
-            bounds.append((med, scale, med - reach if d <= 0 else -math.inf,
-                           med + reach if d >= 0 else math.inf))
-        self.s["stats"] = {"at": t, "util_med": util_med, "bounds": [
-            None if b is None else [b[0], b[1], None if math.isinf(b[2]) else b[2],
-                                    None if math.isinf(b[3]) else b[3]] for b in bounds],
-                           "peers": len(busy) - 1}
+            bounds.append(Bound(med, scale, med - reach if d <= 0 else -math.inf,
+                                med + reach if d >= 0 else math.inf))
+        self.stats = JobStats(t, util_med, bounds, len(busy) - 1)
         return util_med, bounds, len(busy) - 1
 
     def feed(self, event: Event) -> list[Event]:
@@ -81,40 +140,40 @@ class HwOutlierRule(RuleBase):
         node = event.subject.node or "-"
         t = event.event_time
         metrics: list[str] = p["metrics"]
-        latest: dict[str, list[Any]] = self.s["latest"]
+        latest = self.latest
         mine: list[tuple[int, str]] = []
         for g in cast(NodeTelemetry, event.payload).gpus:
             if g.sm_util_pct is None:
                 continue
             key = f"{node}/{g.index}"
-            latest[key] = [t, g.sm_util_pct, *(getattr(g, m) for m in metrics)]
+            latest[key] = Sample(t, g.sm_util_pct, tuple(getattr(g, m) for m in metrics))
             mine.append((g.index, key))
         stats = self._job_stats(t, latest, metrics)
         if stats is None:
             return []
         util_med, bounds, peers = stats
         out: list[Event] = []
-        runs = self.s["runs"]
+        runs = self.runs
         for index, key in mine:
             row = latest[key]
-            if row[1] < p["min_util_pct"] or abs(row[1] - util_med) > p["util_band_pct"]:
+            if row.util < p["min_util_pct"] or abs(row.util - util_med) > p["util_band_pct"]:
                 continue
             hits: dict[str, Any] = {}
             for i, b in enumerate(bounds):
-                x = row[2 + i]
-                if b is None or x is None or b[2] <= x <= b[3]:
+                x = row.values[i]
+                if b is None or x is None or b.low <= x <= b.high:
                     continue
                 metric = metrics[i]
                 hits[metric] = num(x)
-                hits[f"{metric}_peer_median"] = num(b[0])
-                hits[f"{metric}_z"] = num(robust_z(x, b[0], b[1], 0.0), 2)
+                hits[f"{metric}_peer_median"] = num(b.med)
+                hits[f"{metric}_z"] = num(robust_z(x, b.med, b.scale, 0.0), 2)
             if not hits and key not in runs:
                 continue
             out.extend(_sustain(self.book, runs, key, bool(hits), t,
                                 int(p["sustain_samples"]), int(p["clear_samples"]),
                                 kind=VerdictKind.HW_OUTLIER,
                                 subject=gpu_subject(node, index), severity=None,
-                                evidence=_evidence(hits, row[1], util_med, peers)))
+                                evidence=_evidence(hits, row.util, util_med, peers)))
         return out
 
 

@@ -23,7 +23,7 @@ from trainguard.rules.stats import median
 from trainguard.rules.straggler import stage_of
 
 
-def _checkpoint(event: Event, groups: list[dict[str, Any]]) -> bool:
+def _checkpoint(event: Event, groups: list[steps.StepGroup]) -> bool:
     """A checkpoint event: a LOADED one restarts the step count of every group."""
     payload = event.payload
     if type(payload) is not CheckpointEvent:
@@ -42,6 +42,13 @@ class JobSlowdownRule(RuleBase):
         return {"group": steps.new_group(), "hist": {}, "flags": {}, "base": [0.0, 0],
                 "calm": 0}
 
+    def snapshot(self) -> dict[str, Any]:
+        return {"state": {**self.s, "group": self.s["group"].doc()}, "open": self.book.open}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
+        self.s["group"] = steps.StepGroup.from_doc(self.s["group"])
+
     def rebind(self, rank: str, event: Event) -> list[Event]:
         self.s["hist"].pop(rank, None)  # a new replica's window starts afresh
         return []
@@ -57,7 +64,7 @@ class JobSlowdownRule(RuleBase):
             out.extend(self._judge(step, row))
         return out
 
-    def _judge(self, step: int, row: dict[str, list[float]]) -> list[Event]:
+    def _judge(self, step: int, row: dict[str, steps.Cell]) -> list[Event]:
         p, s = self.p, self.s
         size = int(p["window_steps"])
         time = max(int(v[1]) for v in row.values())
@@ -108,6 +115,14 @@ class StageImbalanceRule(RuleBase):
         # groups: stage -> step group; hist: stage -> window of medians; latest: stage -> mean
         return {"groups": {}, "hist": {}, "latest": {}, "flags": {}, "calm": {}}
 
+    def snapshot(self) -> dict[str, Any]:
+        groups = {g: group.doc() for g, group in self.s["groups"].items()}
+        return {"state": {**self.s, "groups": groups}, "open": self.book.open}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        super().restore(state)
+        self.s["groups"] = {g: steps.StepGroup.from_doc(d) for g, d in self.s["groups"].items()}
+
     def feed(self, event: Event) -> list[Event]:
         if _checkpoint(event, list(self.s["groups"].values())):
             return []
@@ -124,7 +139,7 @@ class StageImbalanceRule(RuleBase):
             out.extend(self._judge(stage, step, row))
         return out
 
-    def _judge(self, stage: str, step: int, row: dict[str, list[float]]) -> list[Event]:
+    def _judge(self, stage: str, step: int, row: dict[str, steps.Cell]) -> list[Event]:
         p, s = self.p, self.s
         size = int(p["window_steps"])
         time = max(int(v[1]) for v in row.values())

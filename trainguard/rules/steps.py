@@ -3,8 +3,9 @@ or the whole job) and close the step once some rank is ``close_lag`` steps ahead
 the first step, closed that way, has made the ranks known) once every known rank reported it.
 Closing happens in event-time order, so it is deterministic.
 
-State is plain JSON: ``{"ranks": {rank: its last step}, "pending": [[step, {rank: [value,
-time]}], ...], "closed": step, "max": step}`` (string keys).
+State is a ``StepGroup``; as JSON: ``{"ranks": {rank: its last step}, "pending": [[step, {rank:
+[value, time]}], ...], "closed": step, "max": step}`` (string keys), and ``"skip"`` once a
+restart set it.
 
 A rank whose step goes back (a restarted job resumed from its checkpoint: the steps start again
 at checkpoint + 1, whether or not the ``LOADED`` event was seen) restarts the count, as a resume
@@ -15,51 +16,99 @@ for reasons of its own (allocator, autotuning, data loader start) and is no slow
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
-ClosedStep = tuple[int, dict[str, list[float]]]  # step, rank -> [value, event_time]
+
+class Cell(NamedTuple):
+    """One rank's report of a step: its value (compute ms) and event time."""
+
+    value: float
+    time: int
+
+
+class Pending(NamedTuple):
+    """A step not closed yet: the reports so far, by rank."""
+
+    step: int
+    row: dict[str, Cell]
+
+
+ClosedStep = tuple[int, dict[str, Cell]]  # step, rank -> its cell
 WARMUP_STEPS = 1  # closed steps after a restart that are not judged
 
 
-def new_group() -> dict[str, Any]:
-    return {"ranks": {}, "pending": [], "closed": -1, "max": -1}
+@dataclass(slots=True)
+class StepGroup:
+    """The step alignment of one group (JSON via ``doc``/``from_doc``, the layout in the
+    module doc; ``skip`` is written only once a restart set it)."""
+
+    ranks: dict[str, int] = field(default_factory=dict)  # rank -> last step (-1: none yet)
+    pending: list[Pending] = field(default_factory=list)  # ascending by step
+    closed: int = -1
+    max: int = -1
+    skip: int | None = None  # closed steps still left out after a restart
+
+    def doc(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "ranks": self.ranks,
+            "pending": [[p.step, {r: list(c) for r, c in p.row.items()}] for p in self.pending],
+            "closed": self.closed, "max": self.max}
+        if self.skip is not None:
+            out["skip"] = self.skip
+        return out
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> StepGroup:
+        skip = doc.get("skip")
+        return cls(ranks={str(r): int(v) for r, v in doc["ranks"].items()},
+                   pending=[Pending(int(step), {str(r): Cell(float(c[0]), int(c[1]))
+                                                for r, c in row.items()})
+                            for step, row in doc["pending"]],
+                   closed=int(doc["closed"]), max=int(doc["max"]),
+                   skip=None if skip is None else int(skip))
 
 
-def add(group: dict[str, Any], rank: str, step: int, value: float, time: int,
+def new_group() -> StepGroup:
+    return StepGroup()
+
+
+def add(group: StepGroup, rank: str, step: int, value: float, time: int,
         close_lag: int) -> list[ClosedStep]:
     """Add one report; return the steps it closes (ascending). Reports for closed steps are
     dropped (a rank far behind its peers was already judged without them)."""
-    ranks: dict[str, int] = group["ranks"]  # rank -> last step reported (-1: none since reset)
+    ranks = group.ranks
     last = ranks.get(rank)
     if last is not None and 0 <= step <= last:
         reset(group)  # this rank went back: a restart from a checkpoint
     ranks[rank] = step
-    if step <= group["closed"]:
+    if step <= group.closed:
         return []
-    pending: list[list[Any]] = group["pending"]  # [[step, {rank: [value, time]}]], ascending
+    pending = group.pending
+    cell = Cell(value, time)
     for i in range(len(pending) - 1, -1, -1):
         entry = pending[i]
-        if entry[0] == step:
-            entry[1][rank] = [value, time]
+        if entry.step == step:
+            entry.row[rank] = cell
             break
-        if entry[0] < step:
-            pending.insert(i + 1, [step, {rank: [value, time]}])
+        if entry.step < step:
+            pending.insert(i + 1, Pending(step, {rank: cell}))
             break
     else:
-        pending.insert(0, [step, {rank: [value, time]}])
-    if step > group["max"]:
-        group["max"] = step
+        pending.insert(0, Pending(step, {rank: cell}))
+    if step > group.max:
+        group.max = step
     out: list[ClosedStep] = []
     while pending:
         first, first_row = pending[0]
         # "every known rank reported" only once the first step was closed by lag: by then the
         # ranks present at the start are known
-        if group["max"] - first >= close_lag or (
-                group["closed"] >= 0 and len(first_row) >= len(ranks)):
+        if group.max - first >= close_lag or (
+                group.closed >= 0 and len(first_row) >= len(ranks)):
             del pending[0]
-            group["closed"] = first
-            if group.get("skip"):
-                group["skip"] -= 1
+            group.closed = first
+            if group.skip:
+                group.skip -= 1
                 continue
             out.append((first, first_row))
         else:
@@ -67,13 +116,13 @@ def add(group: dict[str, Any], rank: str, step: int, value: float, time: int,
     return out
 
 
-def reset(group: dict[str, Any]) -> None:
+def reset(group: StepGroup) -> None:
     """A resume from a checkpoint restarts the step count: forget pending steps."""
-    group["pending"] = []
-    group["closed"] = -1
-    group["max"] = -1
-    group["skip"] = WARMUP_STEPS
-    ranks = group["ranks"]
+    group.pending = []
+    group.closed = -1
+    group.max = -1
+    group.skip = WARMUP_STEPS
+    ranks = group.ranks
     for rank in ranks:
         ranks[rank] = -1
 

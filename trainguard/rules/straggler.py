@@ -27,6 +27,10 @@ offset. The reasoning behind every threshold is in docs/rules.md ("Straggler").
   ``min_sigma``), and that was over its peers in ``k`` of its last ``n`` steps, is flagged: its
   peers agree with each other and it does not. Where normals differ by design the MAD is wide
   and nothing stands out. Stages of fewer ranks are judged against their own history only.
+* **Small stages.** A pipeline stage of at most ``SMALL_STAGE_RANKS`` ranks is judged against
+  the other stages: ``l = log(compute / median of the other stages' step medians)`` (the stage
+  medians aligned per step like ranks), with the same own normal and tests. A stage slower by
+  design is normal at its speed; a lone rank, or a pair slowing together, is flagged.
 * **Bursts.** A CPU quota throttles a process for the rest of each period once its share is
   spent, so most steps run normally and one in a few stalls (the drills' 2 % quota: a fifth of
   the steps ~100x their peers; the medians untouched). A *burst* is a step at least
@@ -48,26 +52,48 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
+
+import orjson
 
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepReport, VerdictKind
 from trainguard.rules import steps
 from trainguard.rules.base import Context, Evidence, RuleBase, num
 from trainguard.rules.stats import median, median_without
+from trainguard.rules.steps import Cell, Pending, StepGroup
 
 OWN_NORMAL = "own_normal"
 STAGE_NORMAL = "stage_normal"
 BURSTS = "bursts"
 
 
+# A pipeline stage of at most this many ranks is judged against the other stages: with one rank
+# there is no peer, with two each is the other's only peer and a stage slowing as a whole moves
+# both (docs/rules.md, "Small stages").
+SMALL_STAGE_RANKS = 2
+
+
 def stage_of(report: StepReport) -> str:
     return "-" if report.pp_stage is None else str(report.pp_stage)
 
 
-# a row of a rank's history: log-ratio, its ms, its peers' median ms, the highest effect level
-# it is over (-1: none), step, time, burst (1/0), judged (1/0; 0 while the normal is learned)
-L, MS, PEER, LEVEL, STEP, TIME, BURST, JUDGED = range(8)
+class StepRow(NamedTuple):
+    """One closed step of a rank, as its history keeps it (JSON: the list of the fields)."""
+
+    lr: float  # log-ratio to its peers' median
+    ms: float  # its compute ms
+    peer: float  # its peers' median ms
+    level: float  # the highest effect level it is over (-1: none)
+    step: int
+    time: int
+    burst: float  # 1.0: a burst step, else 0.0
+    judged: float  # 1.0: judged, 0.0: while its normal was learned
+
+    @classmethod
+    def of(cls, doc: list[Any]) -> StepRow:
+        return cls(float(doc[0]), float(doc[1]), float(doc[2]), float(doc[3]), int(doc[4]),
+                   int(doc[5]), float(doc[6]), float(doc[7]))
 
 
 @dataclass(slots=True)
@@ -82,7 +108,7 @@ class RankState:
     over_rates: list[float] = field(default_factory=list)  # own share of over-steps per level
     burst_rate: float = 0.0  # own share of burst steps
     llr: list[float] = field(default_factory=list)  # per level: the CUSUM of the LLR
-    hist: list[list[float]] = field(default_factory=list)  # last burst_steps rows (above)
+    hist: list[StepRow] = field(default_factory=list)  # the last burst_steps steps
     bursts: int = 0  # bursts within hist
     first_step: int = -1  # first judged step and its time
     first_time: int = 0
@@ -92,12 +118,18 @@ class RankState:
     open_steps: int = 0  # steps judged since the verdict opened
 
     def doc(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f: getattr(self, f) for f in _RANK_FIELDS}
+        out["hist"] = [list(r) for r in self.hist]
+        return out
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> RankState:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in doc.items() if k in names})
+        st = cls(**{k: v for k, v in doc.items() if k in _RANK_FIELDS and k != "hist"})
+        st.hist = [StepRow.of(r) for r in doc.get("hist", [])]
+        return st
+
+
+_RANK_FIELDS = tuple(f.name for f in fields(RankState))
 
 
 @dataclass(frozen=True)
@@ -166,7 +198,7 @@ class StragglerRule(RuleBase):
         self.q = Params.of(self.p)
         self.levels = [math.log(x) for x in self.q.effect_levels]
         self.limit = math.log(1.0 / self.q.alpha)
-        self.ranks: dict[str, RankState] = {}
+        self._fresh()
         # precomputed per level: the CUSUM's gains at the floor rate (most ranks' own rate),
         # the same expressions as in _judge so the sums are bit-identical
         p1, floor = self.q.persistent_share, null_rate(0.0, self.q.over_rate_floor)
@@ -174,21 +206,41 @@ class StragglerRule(RuleBase):
         self._gain_floor = (math.log(p1 / floor), math.log((1.0 - p1) / (1.0 - floor)))
         self._keys: dict[str, str] = {}
 
-    def initial_state(self) -> dict[str, Any]:
-        # groups: stage -> step group; node: rank -> node; settle: rank -> reports of a new
-        # replica still left out (its warm-up); seen: ranks met so far. Per-rank state lives in
-        # ``self.ranks`` (RankState) and is saved under "ranks".
-        return {"groups": {}, "node": {}, "settle": {}, "seen": {}}
+    def _fresh(self) -> None:
+        self.groups: dict[str, StepGroup] = {}  # stage -> its step alignment
+        self.node: dict[str, str] = {}  # rank -> its node
+        self.settle: dict[str, int] = {}  # rank -> closed steps of a new replica still left out
+        self.seen: dict[str, bool] = {}  # ranks met so far
+        self.ranks: dict[str, RankState] = {}
+        # pp stages only: each closed step's stage median, aligned over the stages like ranks
+        # over a stage; and the closed rows of small stages waiting for their step's medians
+        self.cross = StepGroup()
+        self.held: dict[str, list[Pending]] = {}
+        self._stages = 0  # while judging: stages in the reference (0: the rank's stage peers)
 
     def snapshot(self) -> dict[str, Any]:
-        state = dict(self.s)
-        state["ranks"] = {r: st.doc() for r, st in self.ranks.items()}
+        state = {"groups": {g: group.doc() for g, group in self.groups.items()},
+                 "node": self.node, "settle": self.settle, "seen": self.seen,
+                 "ranks": {r: st.doc() for r, st in self.ranks.items()},
+                 "cross": self.cross.doc(),
+                 "held": {g: [[p.step, {r: list(c) for r, c in p.row.items()}] for p in rows]
+                          for g, rows in self.held.items()}}
         return {"state": state, "open": self.book.open}
 
     def restore(self, state: dict[str, Any]) -> None:
-        super().restore(state)
-        docs = self.s.pop("ranks", {})
-        self.ranks = {r: RankState.from_doc(d) for r, d in docs.items()}
+        doc = orjson.loads(orjson.dumps(state))
+        s = doc["state"]
+        self.groups = {str(g): StepGroup.from_doc(d) for g, d in s["groups"].items()}
+        self.node = {str(r): str(n) for r, n in s["node"].items()}
+        self.settle = {str(r): int(n) for r, n in s.get("settle", {}).items()}
+        self.seen = {str(r): bool(v) for r, v in s.get("seen", {}).items()}
+        self.ranks = {str(r): RankState.from_doc(d) for r, d in s.get("ranks", {}).items()}
+        self.cross = StepGroup.from_doc(s["cross"]) if "cross" in s else StepGroup()
+        self.held = {str(g): [Pending(int(step), {str(r): Cell(float(c[0]), int(c[1]))
+                                                  for r, c in row.items()})
+                              for step, row in rows]
+                     for g, rows in s.get("held", {}).items()}
+        self.book.open = doc["open"]
 
     def rebind(self, rank: str, event: Event) -> list[Event]:
         """A new replica: its normal, rates and statistic start afresh (it runs on another
@@ -200,45 +252,93 @@ class StragglerRule(RuleBase):
             self.ranks[rank] = RankState(ref=old.ref, effect=old.effect, learned=True,
                                          normal=old.ref, over_rates=[0.0] * len(self.levels),
                                          llr=[0.0] * len(self.levels))
-        self.s.setdefault("settle", {})[rank] = self.q.warmup_steps
+        self.settle[rank] = self.q.warmup_steps
         return []
 
     def feed(self, event: Event) -> list[Event]:
         payload = event.payload
         if type(payload) is CheckpointEvent:
             if payload.action is CheckpointAction.LOADED:
-                for group in self.s["groups"].values():
-                    steps.reset(group)
+                for g in self.groups.values():
+                    steps.reset(g)
+                steps.reset(self.cross)
+                self.held = {}
             return []
         rep = cast(StepReport, payload)
-        s = self.s
         stage = "-" if rep.pp_stage is None else str(rep.pp_stage)  # stage_of
-        groups = s["groups"]
+        groups = self.groups
         group = groups.get(stage)
         if group is None:
-            group = groups[stage] = steps.new_group()
+            group = groups[stage] = StepGroup()
         rank = str(rep.rank)
-        seen = s.get("seen")
-        if seen is None:
-            seen = s["seen"] = {}
+        seen = self.seen
         if rank not in seen:
             seen[rank] = True
-            s.setdefault("settle", {})[rank] = self.q.warmup_steps
+            self.settle[rank] = self.q.warmup_steps
         node = event.subject.node
         if node is not None:
-            s["node"][rank] = node
+            self.node[rank] = node
         closed = steps.add(group, rank, rep.step, rep.compute_ms, event.event_time,
                            self.q.close_lag_steps)
         if not closed:
             return []
         out: list[Event] = []
         for step, row in closed:
-            out.extend(self._judge(stage, step, row))
+            if stage == "-":
+                out.extend(self._judge(stage, step, row))
+            else:
+                out.extend(self._stage_step(stage, step, row))
         return out
 
-    def _judge(self, stage: str, step: int, row: dict[str, list[float]]) -> list[Event]:
+    def _stage_step(self, stage: str, step: int, row: dict[str, Cell]) -> list[Event]:
+        """A closed step of a pp stage: a stage of more than ``SMALL_STAGE_RANKS`` ranks is
+        judged at once among its ranks; a smaller one once every stage's median of that step is
+        known (or ``close_lag_steps`` later), each rank against the median of the other stages'
+        medians."""
+        out: list[Event] = []
+        small = len(self.groups[stage].ranks) <= SMALL_STAGE_RANKS  # ranks it ever had
+        if not small:
+            out = self._judge(stage, step, row)
+        else:
+            self.held.setdefault(stage, []).append(Pending(step, row))
+        cross = self.cross
+        before = cross.max
+        closed = steps.add(cross, stage, step, median([c.value for c in row.values()]),
+                           max(c.time for c in row.values()), self.q.close_lag_steps)
+        if cross.max < before:  # the steps went back (a resume): rows held from before go
+            self.held = {stage: [p for p in self.held.get(stage, []) if p.step == step]} \
+                if small else {}
+        for cstep, crow in closed:
+            out.extend(self._judge_small(cstep, crow))
+        return out
+
+    def _judge_small(self, step: int, medians: dict[str, Cell]) -> list[Event]:
+        """The held rows of ``step``: each small stage against the other stages (or among its
+        own ranks where no other stage reported the step). Older held rows (their step closed
+        without them) are dropped."""
+        out: list[Event] = []
+        for stage in sorted(self.held):
+            rows = self.held[stage]
+            while rows and rows[0].step <= step:
+                held = rows.pop(0)
+                if held.step != step:
+                    continue
+                others = sorted(c.value for g, c in medians.items() if g != stage)
+                if others:
+                    out.extend(self._judge(stage, step, held.row, median(others), len(others)))
+                else:
+                    out.extend(self._judge(stage, step, held.row))
+            if not rows:
+                del self.held[stage]
+        return out
+
+    def _judge(self, stage: str, step: int, row: dict[str, Cell], ref: float = 0.0,
+               stages: int = 0) -> list[Event]:
+        """Judge the ranks of a closed step: each against the median of its peers in ``row``,
+        or (``stages`` > 0) against ``ref``, the median of that many other stages' medians."""
         q = self.q
-        settle = self.s.get("settle")
+        self._stages = stages
+        settle = self.settle
         judged: list[str] = []
         for rank in sorted(row):
             if settle and rank in settle:
@@ -247,8 +347,8 @@ class StragglerRule(RuleBase):
                     del settle[rank]
                 continue
             judged.append(rank)
-        if len(judged) < 2:
-            return []  # no peer: a lone rank is not judged here
+        if len(judged) < (1 if stages else 2):
+            return []  # no peer: a lone rank is judged against the other stages or not at all
         values = sorted(row[r][0] for r in judged)
         levels = self.levels
         lowest = levels[0]
@@ -275,9 +375,8 @@ class StragglerRule(RuleBase):
         keys = self._keys
         ranks = self.ranks
         for rank in judged:
-            cell = row[rank]
-            value, time = cell[0], int(cell[1])
-            peer = median_without(values, bisect.bisect_left(values, value))
+            value, time = row[rank]
+            peer = ref if stages else median_without(values, bisect.bisect_left(values, value))
             if peer <= 0 or value <= 0:
                 continue
             st = ranks.get(rank)
@@ -290,7 +389,7 @@ class StragglerRule(RuleBase):
                 st.learn.append(lr)
                 if len(st.learn) >= q.baseline_steps:
                     self._learned(st)
-                self._push(st, [lr, value, peer, -1.0, step, time, 0.0, 0.0], False)
+                self._push(st, StepRow(lr, value, peer, -1.0, step, time, 0.0, 0.0), False)
                 continue
             expected = peer * math.exp(st.normal)
             # the normal rests on `seen` noisy steps: a step is over a level only by more than
@@ -327,31 +426,31 @@ class StragglerRule(RuleBase):
                 llr[j] = v
                 if v >= limit:
                     hit = j
-            self._push(st, [lr, value, peer, float(level), step, time, 1.0 if burst else 0.0,
-                            1.0], is_open)
+            self._push(st, StepRow(lr, value, peer, float(level), step, time,
+                                   1.0 if burst else 0.0, 1.0), is_open)
             if is_open:
                 out.extend(self._follow(key, rank, st, stage, step, time, len(judged)))
                 continue
             hist = st.hist
             recent = hist[-n:]
-            if hit >= 0 and sum(1 for r in recent if r[LEVEL] >= hit) >= k:
-                first = next(r for r in recent if r[LEVEL] >= hit)
+            if hit >= 0 and sum(1 for r in recent if r.level >= hit) >= k:
+                first = next(r for r in recent if r.level >= hit)
                 st.ref, st.effect = st.normal, _recent_effect(st, st.normal, n)
-                out.extend(self._open(key, rank, st, OWN_NORMAL, int(first[STEP]),
-                                      int(first[TIME]), stage, step, time, len(judged)))
+                out.extend(self._open(key, rank, st, OWN_NORMAL, first.step,
+                                      first.time, stage, step, time, len(judged)))
                 continue
             if st.bursts >= q.burst_k and \
                     binomial_tail(st.bursts, q.burst_steps,
                                   null_rate(st.burst_rate, q.over_rate_floor)) \
                     < q.burst_alpha:
-                first = next(r for r in hist if r[BURST])
+                first = next(r for r in hist if r.burst)
                 st.ref, st.effect = st.normal, _recent_effect(st, st.normal, n)
-                out.extend(self._open(key, rank, st, BURSTS, int(first[STEP]), int(first[TIME]),
+                out.extend(self._open(key, rank, st, BURSTS, first.step, first.time,
                                       stage, step, time, len(judged)))
                 continue
             c = 0
             for r in recent:
-                if r[L] > lowest:
+                if r.lr > lowest:
                     c += 1
             if c >= k:
                 candidates.append(rank)
@@ -373,38 +472,38 @@ class StragglerRule(RuleBase):
         st.learned = True
         st.learn = []
 
-    def _push(self, st: RankState, row: list[float], frozen: bool) -> None:
+    def _push(self, st: RankState, row: StepRow, frozen: bool) -> None:
         """Append a row; the row leaving the burst span is learned from (the normal and the
         own rates), unless the rank is suspect: flagged, a test above half its limit, or
         bursts enough to count. Learning lags the span so a fault's onset is never learned
         before it is judged."""
         hist = st.hist
         hist.append(row)
-        if row[BURST]:
+        if row.burst:
             st.bursts += 1
         q = self.q
         if len(hist) <= q.burst_steps:
             return
         old = hist.pop(0)
-        if old[BURST]:
+        if old.burst:
             st.bursts -= 1
-        if frozen or not old[JUDGED] or st.bursts >= q.burst_k \
+        if frozen or not old.judged or st.bursts >= q.burst_k \
                 or max(st.llr) > self.limit / 2:
             return
         st.seen = w_n = min(st.seen + 1, q.normal_memory_steps)
         w = 1.0 / w_n
-        level = old[LEVEL]
+        level = old.level
         rates = st.over_rates
         for j in range(len(rates)):
             rates[j] += w * ((1.0 if level >= j else 0.0) - rates[j])
-        st.burst_rate += w * (old[BURST] - st.burst_rate)
+        st.burst_rate += w * (old.burst - st.burst_rate)
         pull = self.levels[0]
-        dev = min(max(old[L] - st.normal, -pull), pull)
+        dev = min(max(old.lr - st.normal, -pull), pull)
         st.normal += w * dev
         st.spread += w * (abs(dev) - st.spread)
 
     def _stage_outliers(self, candidates: list[str], judged: list[str], stage: str, step: int,
-                        row: dict[str, list[float]]) -> list[Event]:
+                        row: dict[str, Cell]) -> list[Event]:
         """Ranks slow from the start: their normal stands out from their stage peers'."""
         q = self.q
         normals = sorted((self.ranks[r].normal, r) for r in judged
@@ -427,11 +526,11 @@ class StragglerRule(RuleBase):
             if effect < math.log(q.threshold_ratio) or z < q.outlier_z:
                 continue
             recent = st.hist[-q.n:]
-            excess = median([r[MS] - r[PEER] * math.exp(med) for r in recent])
+            excess = median([r.ms - r.peer * math.exp(med) for r in recent])
             if excess < q.min_excess_ms:
                 continue
             st.ref, st.effect = med, _recent_effect(st, med, q.n)
-            time = int(row[rank][1])
+            time = row[rank].time
             out.extend(self._open(f"rank:{rank}", rank, st, STAGE_NORMAL, st.first_step,
                                   st.first_time, stage, step, time, len(judged)))
         return out
@@ -441,14 +540,14 @@ class StragglerRule(RuleBase):
         st.calm = st.open_steps = 0
         ev = self._evidence(st, stage, step, ranks)
         if path == BURSTS:  # what the job waits for: the means over the burst span
-            judged = [r for r in st.hist if r[JUDGED]]
-            rank_ms, peer_ms = sum(r[MS] for r in judged), sum(r[PEER] for r in judged)
+            judged = [r for r in st.hist if r.judged]
+            rank_ms, peer_ms = sum(r.ms for r in judged), sum(r.peer for r in judged)
             ev["ratio"] = num(rank_ms / peer_ms if peer_ms > 0 else float("inf"))
             ev["adjusted_ratio"] = num(rank_ms / peer_ms / math.exp(st.ref)
                                        if peer_ms > 0 else float("inf"))
         ev["path"] = path
         ev["first_anomalous_step"] = int(first_step)
-        subject = Subject(rank=int(rank), node=self.s["node"].get(rank))
+        subject = Subject(rank=int(rank), node=self.node.get(rank))
         return self.book.raise_(key, kind=VerdictKind.STRAGGLER, subject=subject, severity=None,
                                 first_time=int(first_time), decided_time=time, evidence=ev)
 
@@ -475,24 +574,24 @@ class StragglerRule(RuleBase):
             return []
         ev = self._evidence(st, stage, step, ranks)
         st.llr, st.calm = [0.0] * len(st.llr), 0
-        for r in st.hist:
-            r[LEVEL] = -1.0
+        st.hist[:] = [r._replace(level=-1.0) for r in st.hist]
         return self.book.resolve(key, decided_time=time, evidence=ev)
 
     def _evidence(self, st: RankState, stage: str, step: int, ranks: int) -> Evidence:
         recent = st.hist[-self.q.n:]
-        rank_ms = median([r[MS] for r in recent])
-        peer_ms = median([r[PEER] for r in recent])
+        rank_ms = median([r.ms for r in recent])
+        peer_ms = median([r.peer for r in recent])
         ratio = rank_ms / peer_ms if peer_ms > 0 else float("inf")
         baseline = math.exp(st.ref)
         return {"rank_ms": num(rank_ms), "peer_median_ms": num(peer_ms), "ratio": num(ratio),
                 "baseline": num(baseline), "adjusted_ratio": num(ratio / baseline),
-                "steps_over": sum(1 for r in recent if r[LEVEL] >= 0), "steps": len(recent),
+                "steps_over": sum(1 for r in recent if r.level >= 0), "steps": len(recent),
                 "llr": num(max(st.llr)), "own_over_rate": num(st.over_rates[0]),
                 "bursts": st.bursts, "burst_steps": self.q.burst_steps,
-                "peers": ranks - 1, "pp_stage": stage, "step": step}
+                "peers": ranks - 1, "pp_stage": stage, "step": step,
+                **({"reference": "other_stages", "stages": self._stages} if self._stages else {})}
 
 
 def _recent_effect(st: RankState, ref: float, n: int) -> float:
     """The median over the last n steps of the rank's log-ratio above ``ref``."""
-    return median([r[L] for r in st.hist[-n:]]) - ref
+    return median([r.lr for r in st.hist[-n:]]) - ref
