@@ -8,7 +8,8 @@ import pkgutil
 
 import trainguard_sdk
 
-NEEDS_TORCH = {"trainguard_sdk.checkpoint.manager", "trainguard_sdk.ddp",
+NEEDS_TORCH = {"trainguard_sdk.checkpoint.manager", "trainguard_sdk.checkpoint.sharded",
+               "trainguard_sdk.ddp",
                # these import their framework (lightning, transformers) and torch
                "trainguard_sdk.integrations.lightning", "trainguard_sdk.integrations.hf"}
 

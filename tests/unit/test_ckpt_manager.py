@@ -163,7 +163,7 @@ def test_tmp_is_refused_unless_allowed(tmp_path: Path) -> None:
 
 
 def test_save_requests_file_signal_and_call(tmp_path: Path) -> None:
-    mgr = _manager(tmp_path, every_steps=10)
+    mgr = _manager(tmp_path, every_steps=10, poll_every=1)
     assert [mgr.due(s) for s in (1, 2, 10)] == [False, False, True]
     (tmp_path / "SAVE_NOW").touch()
     assert mgr.due(11) and not (tmp_path / "SAVE_NOW").exists()

@@ -55,7 +55,9 @@ def _doc(**changes: object) -> bytes:
 
 
 @pytest.mark.parametrize(("changes", "field"), [
-    ({"format": 2}, "format"),
+    ({"format": 3}, "format"),
+    ({"format": 2}, "layout"),
+    ({"format": 2, "layout": "zip"}, "layout"),
     ({"step": -1}, "step"),
     ({"world_size": 0}, "world_size"),
     ({"samples_consumed": "7"}, "samples_consumed"),
@@ -71,6 +73,18 @@ def test_bad_fields_are_named(changes: dict[str, object], field: str) -> None:
     assert info.value.field == field
 
 
+def test_a_dcp_manifest_round_trips_with_its_layout_and_metadata_file() -> None:
+    m = mf.Manifest("job-1", 4, 128, 2, 1, {"__0_0.distcp": mf.FileEntry("a" * 64, 10),
+                                            ".metadata": mf.FileEntry("b" * 64, 3)},
+                    layout=mf.LAYOUT_DCP)
+    assert m.format == mf.FORMAT_LAYOUT
+    raw = mf.encode(m)
+    assert json.loads(raw)["layout"] == "dcp"
+    assert mf.decode(raw) == m
+    legacy = mf.encode(mf.Manifest("job-1", 4, 128, 2, 1, {"state.pt": mf.FileEntry("a" * 64, 1)}))
+    assert "layout" not in json.loads(legacy) and json.loads(legacy)["format"] == 1
+
+
 def test_tampered_content_fails_the_self_checksum() -> None:
     raw = mf.encode(mf.Manifest("job-1", 4, 128, 2, 1, {"state.pt": mf.FileEntry("a" * 64, 10)}))
     tampered = raw.replace(b'"step": 4', b'"step": 5')
@@ -84,6 +98,6 @@ def test_tampered_content_fails_the_self_checksum() -> None:
 
 
 def test_encode_refuses_unsafe_names() -> None:
-    for name in ("../escape", "a/b", ".hidden", mf.MANIFEST_NAME, ""):
+    for name in ("../escape", "a/b", ".hidden", ".metadata.tmp", "..", mf.MANIFEST_NAME, ""):
         with pytest.raises(mf.ManifestError):
             mf.encode(mf.Manifest("j", 1, 1, 1, 1, {name: mf.FileEntry("a" * 64, 1)}))

@@ -8,6 +8,11 @@ Torch-free.
      "created_at": <µs since the epoch>,
      "files": {"state.pt": {"sha256": "...", "size": 1234}, "rank-00000.json": {...}, ...},
      "manifest_sha256": "..."}
+
+Format 1 is the ``state.pt`` layout (``torch.save`` by rank 0). Format 2 adds ``"layout"``:
+``"dcp"`` (``torch.distributed.checkpoint``: one ``__<rank>_<n>.distcp`` shard per writing
+rank and DCP's ``.metadata``, each with its checksum) or ``"state_pt"``. A ``state_pt``
+manifest is written as format 1, so readers from before format 2 still read it.
 """
 
 from __future__ import annotations
@@ -19,9 +24,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-FORMAT: Final = 1
+FORMAT: Final = 1  # the state.pt layout, no "layout" field
+FORMAT_LAYOUT: Final = 2  # with "layout"
+FORMATS: Final = (FORMAT, FORMAT_LAYOUT)
+LAYOUT_STATE_PT: Final = "state_pt"
+LAYOUT_DCP: Final = "dcp"
+LAYOUTS: Final = (LAYOUT_STATE_PT, LAYOUT_DCP)
 MANIFEST_NAME: Final = "MANIFEST.json"
-FILE_NAME_PATTERN: Final = r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$"
+# A plain name in the checkpoint's directory: no separator, no leading dot (temp files have
+# one) except DCP's own ".metadata".
+FILE_NAME_PATTERN: Final = r"^(?:[A-Za-z0-9_][A-Za-z0-9._-]{0,127}|\.metadata)$"
 _FILE_RE: Final = re.compile(FILE_NAME_PATTERN)
 _SHA_RE: Final = re.compile(r"^[0-9a-f]{64}$")
 
@@ -49,6 +61,13 @@ class Manifest:
     created_at: int
     files: Mapping[str, FileEntry] = field(default_factory=dict)
     format: int = FORMAT
+    layout: str = LAYOUT_STATE_PT
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ManifestError("layout", f"one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout != LAYOUT_STATE_PT and self.format == FORMAT:
+            object.__setattr__(self, "format", FORMAT_LAYOUT)  # format 1 has no layout field
 
     @property
     def total_bytes(self) -> int:
@@ -56,11 +75,15 @@ class Manifest:
 
 
 def _body(m: Manifest) -> dict[str, Any]:
-    return {"format": m.format, "job_id": m.job_id, "step": m.step,
-            "samples_consumed": m.samples_consumed, "world_size": m.world_size,
-            "created_at": m.created_at,
-            "files": {name: {"sha256": e.sha256, "size": e.size}
-                      for name, e in sorted(m.files.items())}}
+    body: dict[str, Any] = {
+        "format": m.format, "job_id": m.job_id, "step": m.step,
+        "samples_consumed": m.samples_consumed, "world_size": m.world_size,
+        "created_at": m.created_at,
+        "files": {name: {"sha256": e.sha256, "size": e.size}
+                  for name, e in sorted(m.files.items())}}
+    if m.format != FORMAT:
+        body["layout"] = m.layout
+    return body
 
 
 def _canonical(body: Mapping[str, Any]) -> bytes:
@@ -94,8 +117,11 @@ def decode(data: bytes) -> Manifest:
     if hashlib.sha256(_canonical(raw)).hexdigest() != claimed:
         raise ManifestError("manifest_sha256", "does not match the manifest's content")
     fmt = _int(raw, "format")
-    if fmt != FORMAT:
-        raise ManifestError("format", f"{fmt} is not a format this reader knows ({FORMAT})")
+    if fmt not in FORMATS:
+        raise ManifestError("format", f"{fmt} is not a format this reader knows {FORMATS}")
+    layout = raw.get("layout") if fmt != FORMAT else LAYOUT_STATE_PT
+    if layout not in LAYOUTS:
+        raise ManifestError("layout", f"one of {LAYOUTS}, got {layout!r}")
     job_id = raw.get("job_id")
     if not isinstance(job_id, str) or not job_id:
         raise ManifestError("job_id", "a non-empty string")
@@ -115,7 +141,8 @@ def decode(data: bytes) -> Manifest:
     return Manifest(job_id=job_id, step=_int(raw, "step"),
                     samples_consumed=_int(raw, "samples_consumed"),
                     world_size=_int(raw, "world_size", minimum=1),
-                    created_at=_int(raw, "created_at"), files=entries, format=fmt)
+                    created_at=_int(raw, "created_at"), files=entries, format=fmt,
+                    layout=layout)
 
 
 def _int(obj: Mapping[str, Any], key: str, prefix: str = "", minimum: int = 0) -> int:

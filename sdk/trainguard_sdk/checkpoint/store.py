@@ -3,7 +3,8 @@ committed by its manifest; verified file by file; the last K kept. Torch-free.
 
     <root>/
       step-000000000120/          a checkpoint: committed once MANIFEST.json is in place
-        state.pt                  model + optimizer (written by rank 0)
+        state.pt                  model + optimizer (written by rank 0), or, with the
+        __0_0.distcp, .metadata   dcp layout, each rank's shard and DCP's metadata
         rank-00000.json           progress + RNG states of rank 0
         rank-00001.json           ... of rank 1
         MANIFEST.json             written last, atomically: sha256 and size of every file
@@ -81,8 +82,12 @@ class CheckpointStore:
 
     # -- verification ------------------------------------------------------------------------
 
-    def verify(self, path: Path, step: int | None = None) -> Verification:
-        """Check the manifest, then every file it lists: present, same size, same SHA-256."""
+    def verify(self, path: Path, step: int | None = None,
+               share: tuple[int, int] | None = None) -> Verification:
+        """Check the manifest, then every file it lists: present, same size, same SHA-256.
+        ``share=(rank, world_size)``: for a sharded (``dcp``) checkpoint, check only every
+        world_size-th file from ``rank`` on (the ranks then agree on the verdicts: every file
+        is read once); other layouts are checked whole."""
         if step is None:
             m = STEP_DIR_RE.match(path.name)
             step = int(m.group(1)) if m else 0
@@ -100,7 +105,12 @@ class CheckpointStore:
         if manifest.step != step:
             return Invalid(path, step, f"{mf.MANIFEST_NAME}: step {manifest.step} in a "
                                        f"directory named for step {step}", True)
-        for name, entry in sorted(manifest.files.items()):
+        names = sorted(manifest.files)
+        if share is not None and manifest.layout == mf.LAYOUT_DCP:
+            rank, world = share
+            names = names[rank::world]
+        for name in names:
+            entry = manifest.files[name]
             problem = _check_file(path / name, entry)
             if problem is not None:
                 return Invalid(path, step, f"{name}: {problem}", True, manifest.samples_consumed)
