@@ -29,6 +29,7 @@ class Job:
     batch: int = 16
     step_ms: float = 0.0
     timeout_s: float = 10.0
+    layout: str = "state_pt"  # --ckpt-layout
 
     @property
     def global_batch(self) -> int:
@@ -44,7 +45,8 @@ class Job:
                 "--allow-tmp-ckpt", "--steps", str(self.steps), "--ckpt-every",
                 str(self.every), "--keep", str(self.keep), "--seed", str(self.seed),
                 "--batch", str(self.batch), "--step-ms", str(self.step_ms), "--timeout-s",
-                str(self.timeout_s), "--cpu", "--progress-file", str(self.progress(rank))]
+                str(self.timeout_s), "--cpu", "--progress-file", str(self.progress(rank)),
+                "--ckpt-layout", self.layout]
 
     def launch(self, env: dict[str, str] | None = None) -> list[subprocess.Popen[bytes]]:
         self.logs.mkdir(parents=True, exist_ok=True)

@@ -44,9 +44,13 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Job:
     return job
 
 
-def test_killed_rank_then_restart_resumes_exactly(tmp_path: Path, reference: Job) -> None:
+@pytest.mark.parametrize("layout", ["state_pt", "dcp"])
+def test_killed_rank_then_restart_resumes_exactly(tmp_path: Path, reference: Job,
+                                                  layout: str) -> None:
+    """Either checkpoint layout (dcp: each rank's shard written in the background) resumes
+    on the uninterrupted run's curve, bit for bit."""
     job = Job("job-kill", 2, free_port(), tmp_path / "ckpt", tmp_path / "run", STEPS, EVERY,
-              step_ms=150)
+              step_ms=150, layout=layout)
     procs = job.launch()
     try:
         wait_for_step(job, 1, 10, timeout_s=120)  # past the checkpoint of step 8

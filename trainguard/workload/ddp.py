@@ -40,6 +40,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Final, NoReturn, Protocol
 
+from trainguard_sdk.checkpoint.manifest import LAYOUT_STATE_PT, LAYOUTS
 from trainguard_sdk.integrations.core import Timing
 from trainguard_sdk.wire import Section
 
@@ -112,6 +113,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, required=True, help="run until this step")
     ap.add_argument("--ckpt-every", type=int, default=0, help="save every K steps (0: never)")
     ap.add_argument("--keep", type=int, default=3, help="keep the last K checkpoints")
+    ap.add_argument("--ckpt-layout", choices=LAYOUTS, default=LAYOUT_STATE_PT,
+                    help="state_pt: rank 0 writes model and optimizer (a replicated DDP model); "
+                         "dcp: every rank writes its shard through torch.distributed.checkpoint, "
+                         "in the background (sharded models; the manifest is written last)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step-ms", type=float, default=0.0, help="minimum step time (ms)")
     ap.add_argument("--progress-file", type=Path, default=None, help="per-rank JSONL log")
@@ -244,7 +249,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     except Exception as exc:  # rendezvous timeout, refused connection, port in use
         leave(EXIT_PEER_LOST, f"cannot join the job: {exc}")
     config = CheckpointConfig(Path(args.ckpt_dir), every_steps=args.ckpt_every, keep=args.keep,
-                              allow_tmp=args.allow_tmp_ckpt,
+                              allow_tmp=args.allow_tmp_ckpt, layout=args.ckpt_layout,
                               setting_names=("--ckpt-dir", "--allow-tmp-ckpt"))
     manager = CheckpointManager(config, job_id=args.job_id,
                                 collective=TorchCollective(str(device)), sink=reporter)
