@@ -12,9 +12,7 @@ import time
 from pathlib import Path
 
 import psutil
-import yaml
 
-from trainguard.actuators.jobspec import ddp_job_doc
 from trainguard.demo.whole_loop import (
     JOB,
     NODE,
@@ -25,6 +23,7 @@ from trainguard.demo.whole_loop import (
     open_incidents,
     settled,
     wait_for_start,
+    write_job_spec,
 )
 from trainguard.dev.kafka import KafkaBroker
 from trainguard.dev.paths import SUN_PATH_MAX
@@ -56,12 +55,7 @@ def test_kill_recovered_from_a_clone_under_tmp_with_a_space(tmp_path: Path) -> N
     with LocalStack(run_dir, prefix=out.prefix, node=NODE, broker=broker,
                     say=said.append) as stack:
         stack.start_services(("agent", "streams", "decide", "incidents"))
-        spec = run_dir / "job.yaml"
-        doc = ddp_job_doc(JOB, world_size=WORLD, spares=1, ckpt_dir=run_dir / "ckpt",
-                          node=NODE, agent_socket=stack.agent_socket,
-                          progress_dir=run_dir / "progress", ckpt_every=10, step_ms=100.0,
-                          log_dir=run_dir / "ranks", allow_tmp_ckpt=True)
-        spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+        spec = write_job_spec(stack, run_dir, world=WORLD)
         tail = LogTail(stack.config("trainguard-demo"), JOB)
         tail.start()
         stack.start_actuator(JOB, spec, launch=True)

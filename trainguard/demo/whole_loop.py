@@ -98,12 +98,7 @@ def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
         stack.start_service("alerts", ["alerts", "run", "--config",
                                        str(_alerts_config(run_dir, rx)),
                                        "--from-offset", "earliest"], env=chat_env)
-        spec = run_dir / "job.yaml"
-        doc = ddp_job_doc(JOB, world_size=WORLD, spares=1, ckpt_dir=run_dir / "ckpt",
-                          node=NODE, agent_socket=stack.agent_socket,
-                          progress_dir=run_dir / "progress", ckpt_every=10, step_ms=100.0,
-                          log_dir=run_dir / "ranks", allow_tmp_ckpt=True)
-        spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+        spec = write_job_spec(stack, run_dir)
         tail = LogTail(stack.config("trainguard-demo"), JOB)
         tail.start()  # following the log before the ranks start: a failed start shows at once
         stack.start_actuator(JOB, spec, launch=True)
@@ -128,6 +123,19 @@ def run_whole_loop(run_dir: Path, say: Say = print) -> DemoOutcome:
         out.chat_messages = len(rx.records())
         _present(stack, run_dir, out, say)
     return out
+
+
+def write_job_spec(stack: LocalStack, run_dir: Path, world: int = WORLD) -> Path:
+    """The demo job's spec, written to ``run_dir/job.yaml``: ``world`` ranks and one spare
+    unit on this node, checkpoints every 10 steps under the run dir (allowed under /tmp: the
+    demo's job lives on this one machine)."""
+    spec = run_dir / "job.yaml"
+    doc = ddp_job_doc(JOB, world_size=world, spares=1, ckpt_dir=run_dir / "ckpt",
+                      node=NODE, agent_socket=stack.agent_socket,
+                      progress_dir=run_dir / "progress", ckpt_every=10, step_ms=100.0,
+                      log_dir=run_dir / "ranks", allow_tmp_ckpt=True)
+    spec.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return spec
 
 
 def end_job(stack: LocalStack, spec: Path) -> None:

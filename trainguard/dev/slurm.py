@@ -57,7 +57,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -458,15 +458,7 @@ class SlurmCluster:
         return proc.pid
 
     def stop_agents(self) -> bool:
-        found = False
-        for pid_file in sorted((self.root / "agents").glob("*/agent.pid")):
-            pid = read_pid(pid_file)
-            if pid and alive(pid):
-                found = True
-                stop_pid(pid)
-            with contextlib.suppress(OSError):
-                pid_file.unlink()
-        return found
+        return _stop_pid_files(sorted((self.root / "agents").glob("*/agent.pid")))
 
     def _write_files(self, spec: ClusterSpec) -> None:
         for sub in ("etc", "ctld", "spool", "shared"):
@@ -576,14 +568,8 @@ class SlurmCluster:
             node = Netns(ns)  # kills whatever runs inside (slurmd, its steps), then deletes it
             node.created = True
             node.delete()
-        for pid_file in (self.root / "slurmctld.pid", self.root / "rdzv_store.pid",
-                         MUNGE_DIR / "munged.pid"):
-            pid = read_pid(pid_file)
-            if pid and alive(pid):
-                found = True
-                stop_pid(pid)
-            with contextlib.suppress(OSError):
-                pid_file.unlink()
+        found = _stop_pid_files((self.root / "slurmctld.pid", self.root / "rdzv_store.pid",
+                                 MUNGE_DIR / "munged.pid")) or found
         if (self.root / "kafka").exists() and self.broker.stop():
             found = True
         if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
@@ -592,6 +578,20 @@ class SlurmCluster:
         with contextlib.suppress(OSError):
             self.info_file.unlink()
         return found
+
+
+def _stop_pid_files(pid_files: Iterable[Path]) -> bool:
+    """Stop the process each pid file names (if alive) and remove the file; True if any
+    was running."""
+    found = False
+    for pid_file in pid_files:
+        pid = read_pid(pid_file)
+        if pid and alive(pid):
+            found = True
+            stop_pid(pid)
+        with contextlib.suppress(OSError):
+            pid_file.unlink()
+    return found
 
 
 def torchrun_argv(info: ClusterInfo, *, nnodes: int, nproc_per_node: int, run_id: str,
