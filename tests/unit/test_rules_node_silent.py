@@ -184,6 +184,27 @@ def test_any_arrival_within_the_lateness_and_a_restart_decide_the_same(
     assert [encode(e) for e in out] == [encode(e) for e in reference]
 
 
+def test_a_snapshot_from_before_node_silent_restores_and_decides() -> None:
+    """A worker upgraded over a snapshot whose liveness state lacks the node keys (the layout
+    before node_silent) carries on: no KeyError on the next record, and node loss after the
+    restart is still decided."""
+    events = cluster(100, lost=1, lost_from=40, back_at=None)
+    engine = RuleEngine("j", RULES)
+    half = [e for e in events if e.event_time < T0 + 20 * S]
+    for ev in half:
+        engine.feed(ev)
+    snap = orjson.loads(orjson.dumps(engine.snapshot()))
+    state = snap["rules"]["liveness"]["state"]["state"]
+    for key in ("step", "agent"):
+        del state[key]
+    engine = RuleEngine("j", RULES, snap)
+    out: list[Event] = []
+    for ev in events[len(half):]:
+        out += engine.feed(ev)
+    out += engine.flush()
+    assert ("node_silent", "open", "n1", None) in liveness(out)
+
+
 # --- the policy: tier 2, every rank of the node ----------------------------------------
 
 
