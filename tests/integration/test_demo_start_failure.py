@@ -13,11 +13,12 @@ import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
 from trainguard.actuators.jobspec import ddp_job_doc
-from trainguard.demo.whole_loop import JOB, NODE, DemoError, wait_for_start
+from trainguard.demo.whole_loop import JOB, NODE, DemoError, end_job, wait_for_start
 from trainguard.dev.kafka import KafkaBroker
 from trainguard.drills.logtail import LogTail
 from trainguard.drills.stack import LocalStack
@@ -49,6 +50,11 @@ def test_ranks_that_cannot_start_end_the_wait_with_their_own_error(
             ended = time.time()
         finally:
             tail.stop()
+            end_job(stack, spec)  # the actuator's --teardown: the warm launcher goes too
+    job_procs = [p for p in psutil.process_iter(["cmdline"])
+                 if str(root) in " ".join(p.info["cmdline"] or ())]
+    _, left = psutil.wait_procs(job_procs, timeout=15)  # the launcher ends on its SIGTERM
+    assert not left, f"processes of the job still running: {[p.pid for p in left]}"
     why = str(failed.value)
     assert "exited before the job started" in why, why  # not "gave up waiting"
     assert "does not survive the node" in why and "--allow-tmp-ckpt" in why, why
