@@ -17,9 +17,9 @@ def test_writes_content_and_reports_its_digest(tmp_path: Path) -> None:
     data = os.urandom(3 << 20) + b"tail"
     got = atomic_write_bytes(tmp_path / "f.bin", data)
     assert (tmp_path / "f.bin").read_bytes() == data
-    assert got.sha256 == hashlib.sha256(data).hexdigest()
+    assert got.digest == hashlib.sha256(data).hexdigest()
     assert got.size == len(data)
-    assert file_digest(tmp_path / "f.bin") == (got.sha256, got.size)
+    assert file_digest(tmp_path / "f.bin") == (got.digest, got.size)
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"]
 
 
@@ -33,7 +33,7 @@ def test_streamed_writes_hash_every_piece(tmp_path: Path) -> None:
 
     got = atomic_write(tmp_path / "x", write)
     whole = b"".join(bytes(p) for p in pieces)
-    assert got.sha256 == hashlib.sha256(whole).hexdigest() and got.size == len(whole)
+    assert got.digest == hashlib.sha256(whole).hexdigest() and got.size == len(whole)
 
 
 def test_fsync_file_then_rename_then_fsync_dir(tmp_path: Path,

@@ -19,7 +19,7 @@ def _save(store: CheckpointStore, step: int, payload: bytes = b"x" * 1000) -> Va
     for name, data in (("state.pt", payload + bytes([step % 256])),
                        ("rank-00000.json", b'{"step": %d}' % step)):
         w = atomic_write_bytes(d / name, data)
-        files[name] = mf.FileEntry(w.sha256, w.size)
+        files[name] = mf.FileEntry(w.digest, w.size)
     return store.commit(mf.Manifest("job-1", step, step * 64, 1, 1, files))
 
 

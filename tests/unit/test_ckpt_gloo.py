@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.multiprocessing.spawn import start_processes
 from torch.nn.parallel import DistributedDataParallel
+from trainguard_sdk.checkpoint import checksum
 from trainguard_sdk.checkpoint import manifest as mf
 from trainguard_sdk.checkpoint.collective import TorchCollective
 from trainguard_sdk.checkpoint.manager import CheckpointConfig, CheckpointManager
@@ -202,13 +204,15 @@ def test_ddp_async_sharded_save_loads_exactly_and_falls_back_past_a_bad_shard(
     committed = _committed(tmp_path / "ckpt")
     assert sorted(committed) == [2, 4]
     m = committed[4]
-    assert m.layout == mf.LAYOUT_DCP and m.format == mf.FORMAT_LAYOUT
+    assert m.layout == mf.LAYOUT_DCP and m.format == mf.FORMAT_CHECKSUMS
+    assert {e.algorithm for e in m.files.values()} == {checksum.CRC32}  # the dcp default
     shards = sorted(n for n in m.files if n.endswith(".distcp"))
     assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shard
     assert {".metadata", "rank-00000.json", "rank-00001.json"} <= set(m.files)
     for name, entry in m.files.items():  # the checksums are those of the bytes on disk
         data = (tmp_path / "ckpt" / "step-000000000004" / name).read_bytes()
         assert entry.size == len(data) and entry.size > 0
+        assert entry.digest == f"{zlib.crc32(data):08x}"
 
     _run(_ddp_resume_worker, tmp_path, 4)  # intact: the newest
 
@@ -221,7 +225,7 @@ def test_ddp_async_sharded_save_loads_exactly_and_falls_back_past_a_bad_shard(
         shard.unlink()
     _run(_ddp_resume_worker, tmp_path, 2)
     skipped = [json.loads((tmp_path / f"resumed-{r}.json").read_text()) for r in range(WORLD)]
-    reason = "missing" if damage == "missing" else "sha256"
+    reason = "missing" if damage == "missing" else "crc32 does not match"
     # rank 1 checks every other file (its share); both ranks agree and report the same step
     assert all(len(s) == 1 and s[0].startswith("step-000000000004") for s in skipped)
     assert any(reason in s[0] for s in skipped)
@@ -297,5 +301,5 @@ def test_fsdp2_fully_shard_on_cpu_saves_each_ranks_shard_and_loads_back(
     m = _committed(tmp_path / "ckpt")[3]
     shards = {n: e for n, e in m.files.items() if n.endswith(".distcp")}
     assert sorted(shards) == ["__0_0.distcp", "__1_0.distcp"]
-    assert len({e.sha256 for e in shards.values()}) == 2  # different halves of the model
+    assert len({e.digest for e in shards.values()}) == 2  # different halves of the model
     _run(_fsdp_worker, tmp_path, "load")

@@ -12,8 +12,11 @@ from trainguard_sdk.checkpoint import manifest as mf
 
 NAMES = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,20}", fullmatch=True).filter(
     lambda n: n != mf.MANIFEST_NAME)
-ENTRIES = st.builds(mf.FileEntry, sha256=st.from_regex(r"[0-9a-f]{64}", fullmatch=True),
-                    size=st.integers(0, 2**50))
+ENTRIES = st.one_of(
+    st.builds(mf.FileEntry, digest=st.from_regex(r"[0-9a-f]{64}", fullmatch=True),
+              size=st.integers(0, 2**50)),
+    st.builds(mf.FileEntry, digest=st.from_regex(r"[0-9a-f]{8}", fullmatch=True),
+              size=st.integers(0, 2**50), algorithm=st.just("crc32")))
 MANIFESTS = st.builds(
     mf.Manifest, job_id=st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,30}", fullmatch=True),
     step=st.integers(0, 2**40), samples_consumed=st.integers(0, 2**50),
@@ -55,7 +58,15 @@ def _doc(**changes: object) -> bytes:
 
 
 @pytest.mark.parametrize(("changes", "field"), [
-    ({"format": 3}, "format"),
+    ({"format": 4}, "format"),
+    ({"format": 3}, "layout"),
+    ({"format": 3, "layout": "dcp", "files": {"s": {"crc32": "0" * 8, "sha256": "a" * 64,
+                                                     "size": 1}}}, "files.s"),
+    ({"format": 3, "layout": "dcp", "files": {"s": {"md5": "0" * 32, "size": 1}}}, "files.s"),
+    ({"format": 3, "layout": "dcp", "files": {"s": {"crc32": "0" * 64, "size": 1}}},
+     "files.s.crc32"),
+    ({"format": 2, "layout": "dcp", "files": {"s": {"crc32": "0" * 8, "size": 1}}},
+     "files.s.sha256"),
     ({"format": 2}, "layout"),
     ({"format": 2, "layout": "zip"}, "layout"),
     ({"step": -1}, "step"),
@@ -101,3 +112,20 @@ def test_encode_refuses_unsafe_names() -> None:
     for name in ("../escape", "a/b", ".hidden", ".metadata.tmp", "..", mf.MANIFEST_NAME, ""):
         with pytest.raises(mf.ManifestError):
             mf.encode(mf.Manifest("j", 1, 1, 1, 1, {name: mf.FileEntry("a" * 64, 1)}))
+
+
+def test_a_crc32_manifest_says_so_and_sha256_ones_keep_their_format() -> None:
+    m = mf.Manifest("job-1", 4, 128, 2, 1, {"__0_0.distcp": mf.FileEntry("0a1b2c3d", 10, "crc32"),
+                                            ".metadata": mf.FileEntry("b" * 64, 3)},
+                    layout=mf.LAYOUT_DCP)
+    assert m.format == mf.FORMAT_CHECKSUMS
+    body = json.loads(mf.encode(m))
+    assert body["format"] == 3 and body["files"]["__0_0.distcp"] == {"crc32": "0a1b2c3d",
+                                                                     "size": 10}
+    assert body["files"][".metadata"] == {"sha256": "b" * 64, "size": 3}
+    assert mf.decode(mf.encode(m)) == m
+    crc_state_pt = mf.Manifest("j", 1, 1, 1, 1, {"state.pt": mf.FileEntry("0" * 8, 1, "crc32")})
+    assert json.loads(mf.encode(crc_state_pt))["layout"] == "state_pt"
+    with pytest.raises(mf.ManifestError) as info:
+        mf.encode(mf.Manifest("j", 1, 1, 1, 1, {"s": mf.FileEntry("0" * 8, 1, "md5")}))
+    assert info.value.field == "files.s"

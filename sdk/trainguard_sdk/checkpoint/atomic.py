@@ -1,12 +1,12 @@
 """Durable, atomic file writes: a temp file in the target's directory, written through a
-SHA-256 hasher, fsync'd, renamed over the target, and the directory fsync'd, so a crash leaves
-either the old file or the new one, never a torn one. Torch-free."""
+checksum (``checksum.py``: SHA-256 by default), fsync'd, renamed over the target, and the
+directory fsync'd, so a crash leaves either the old file or the new one, never a torn one.
+Torch-free."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import os
 import secrets
 import sys
@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
 
+from trainguard_sdk.checkpoint import checksum
+from trainguard_sdk.checkpoint.checksum import SHA256
 from trainguard_sdk.wire import Bytes
 
-READ_CHUNK: Final = 4 << 20
 SYNC_EVERY: Final = 8 << 20  # start writing back every 8 MiB (0: only the final fsync)
 PARALLEL_HASH_MIN: Final = 1 << 20  # hash pieces this large on a helper thread
 
@@ -26,8 +27,9 @@ PARALLEL_HASH_MIN: Final = 1 << 20  # hash pieces this large on a helper thread
 @dataclass(frozen=True)
 class WrittenFile:
     path: Path
-    sha256: str
+    digest: str  # hex, of ``algorithm``
     size: int
+    algorithm: str = SHA256
 
 
 SYNC_FILE_RANGE_WRITE: Final = 2
@@ -62,9 +64,11 @@ class HashingWriter:
     tail instead of the whole file after serialisation and hashing are done. The final fsync
     is what makes the file durable; the early write-back only moves work earlier."""
 
-    def __init__(self, fd: int, *, sync_every: int = SYNC_EVERY) -> None:
+    def __init__(self, fd: int, *, sync_every: int = SYNC_EVERY,
+                 algorithm: str = SHA256) -> None:
         self._fd = fd
-        self._hash = hashlib.sha256()
+        self.algorithm = algorithm
+        self._hash = checksum.new(algorithm)
         self.size = 0
         self._sync_every = sync_every
         self._unsynced = 0
@@ -130,13 +134,14 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: Path, write: Callable[[HashingWriter], object],
-                 *, sync_dir: bool = True) -> WrittenFile:
-    """Write ``path`` atomically and durably through ``write(writer)``; the SHA-256 and size
-    of what was written. On any error the temp file is removed and the target is untouched.
-    ``sync_dir=False`` leaves the directory fsync to the caller (one for many files)."""
+                 *, sync_dir: bool = True, algorithm: str = SHA256) -> WrittenFile:
+    """Write ``path`` atomically and durably through ``write(writer)``; the checksum
+    (``algorithm``) and size of what was written. On any error the temp file is removed and
+    the target is untouched. ``sync_dir=False`` leaves the directory fsync to the caller
+    (one for many files)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    writer = HashingWriter(fd)
+    writer = HashingWriter(fd, algorithm=algorithm)
     try:
         try:
             write(writer)
@@ -157,21 +162,12 @@ def atomic_write(path: Path, write: Callable[[HashingWriter], object],
         raise
     if sync_dir:
         fsync_dir(path.parent)
-    return WrittenFile(path, writer.hexdigest(), writer.size)
+    return WrittenFile(path, writer.hexdigest(), writer.size, algorithm)
 
 
-def atomic_write_bytes(path: Path, data: Bytes, *, sync_dir: bool = True) -> WrittenFile:
-    return atomic_write(path, lambda w: w.write(data), sync_dir=sync_dir)
+def atomic_write_bytes(path: Path, data: Bytes, *, sync_dir: bool = True,
+                       algorithm: str = SHA256) -> WrittenFile:
+    return atomic_write(path, lambda w: w.write(data), sync_dir=sync_dir, algorithm=algorithm)
 
 
-def file_digest(path: Path) -> tuple[str, int]:
-    """(sha256 hex, size) of a file, read in chunks."""
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(READ_CHUNK)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-            size += n
-    return h.hexdigest(), size
+file_digest = checksum.file_digest

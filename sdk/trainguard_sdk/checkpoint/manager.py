@@ -52,7 +52,7 @@ a torn one. The directory must be shared by every rank (one file system).
   rank checks every world_size-th file, and the ranks agree.
 
 Resume: the ranks list the checkpoints, newest first; each verifies the candidate fully
-(manifest checksum, every file's size and SHA-256) and they agree (all ranks must find it
+(manifest checksum, every file's size and checksum) and they agree (all ranks must find it
 valid); a corrupt one is reported (``corrupt``, with the reason) and the previous one is tried.
 The chosen one is read again with the bytes checked as they are loaded (``loaded``). Rank 0
 moves the corrupt and never-committed ones newer than it to ``quarantine/``. Events: rank 0
@@ -77,6 +77,7 @@ from typing import IO, Any, Final, Protocol, cast
 
 import torch
 
+from trainguard_sdk.checkpoint import checksum as cks
 from trainguard_sdk.checkpoint import manifest as mf
 from trainguard_sdk.checkpoint import rng
 from trainguard_sdk.checkpoint.atomic import atomic_write, atomic_write_bytes, fsync_dir
@@ -129,9 +130,15 @@ class CheckpointConfig:
     layout: str = mf.LAYOUT_STATE_PT  # or mf.LAYOUT_DCP: sharded, through DCP
     async_save: bool = True  # dcp layout: write in the background
     write_threads: int = 1  # dcp layout: DCP's writer threads per rank
-    # torch.save's per-record CRC32 duplicates the manifest's SHA-256 and costs as much as the
-    # hash: off by default (torch.load reads such files the same).
+    # torch.save's per-record CRC32 duplicates the manifest's checksum and costs as much:
+    # off by default (torch.load reads such files the same).
     torch_crc32: bool = False
+    # The data files' checksum in the manifest (``checksum.py``); None: by layout, crc32 for
+    # dcp (computed as the bytes are written at the speed of a plain write + fsync; sha256
+    # runs at about half of that on a busy host), sha256 for state_pt (its manifests stay
+    # format 1, readable by every older reader). Either finds a corrupt file; the manifest
+    # names it, so both load.
+    checksum: str | None = None
     # How errors name the settings (the CLI passes its flags).
     setting_names: tuple[str, str] = ("directory", "allow_tmp")
 
@@ -143,8 +150,17 @@ class CheckpointConfig:
             raise ValueError(f"keep: >= 1, got {self.keep!r}")
         if self.layout not in mf.LAYOUTS:
             raise ValueError(f"layout: one of {mf.LAYOUTS}, got {self.layout!r}")
+        if self.checksum is not None and self.checksum not in cks.ALGORITHMS:
+            raise ValueError(f"checksum: one of {cks.ALGORITHMS}, got {self.checksum!r}")
         if self.write_threads < 1:
             raise ValueError(f"write_threads: >= 1, got {self.write_threads!r}")
+
+
+    @property
+    def file_checksum(self) -> str:
+        if self.checksum is not None:
+            return self.checksum
+        return cks.CRC32 if self.layout == mf.LAYOUT_DCP else cks.SHA256
 
 
 @dataclass(frozen=True)
@@ -275,7 +291,8 @@ class CheckpointManager:
         self.wait_prune()
         directory = self.store.step_dir(step)
         directory.mkdir(exist_ok=True)
-        files: dict[str, tuple[str, int]] = {}
+        files: dict[str, tuple[str, int, str]] = {}
+        algorithm = self.config.file_checksum
         if self.rank == 0:
             module = getattr(model, "module", model)  # DistributedDataParallel -> its module
             state = {"model": module.state_dict(), "optimizer": optimizer.state_dict()}
@@ -283,16 +300,18 @@ class CheckpointManager:
             torch.serialization.set_crc32_options(self.config.torch_crc32)
             try:
                 w = atomic_write(directory / STATE_FILE,
-                                 lambda f: torch.save(state, cast(IO[bytes], f)), sync_dir=False)
+                                 lambda f: torch.save(state, cast(IO[bytes], f)), sync_dir=False,
+                                 algorithm=algorithm)
             finally:
                 torch.serialization.set_crc32_options(crc)
-            files[STATE_FILE] = (w.sha256, w.size)
+            files[STATE_FILE] = (w.digest, w.size, w.algorithm)
         w = atomic_write_bytes(directory / rank_file(self.rank),
-                               self._rank_body(step, samples_consumed, extra), sync_dir=False)
-        files[rank_file(self.rank)] = (w.sha256, w.size)
+                               self._rank_body(step, samples_consumed, extra), sync_dir=False,
+                               algorithm=algorithm)
+        files[rank_file(self.rank)] = (w.digest, w.size, w.algorithm)
         if self.rank != 0:  # this rank's renames are durable before rank 0 commits
             fsync_dir(directory)  # (rank 0's commit syncs the directory itself)
-        gathered: list[dict[str, tuple[str, int]]] = self.collective.all_gather(files)
+        gathered: list[dict[str, tuple[str, int, str]]] = self.collective.all_gather(files)
         self.last_stall_ms = (time.perf_counter() - t0) * 1000
         if self.rank != 0:
             return None
@@ -308,11 +327,12 @@ class CheckpointManager:
         return json.dumps(body, separators=(",", ":")).encode()
 
     def _commit(self, step: int, samples_consumed: int,
-                gathered: list[dict[str, tuple[str, int]]], layout: str, t0: float) -> Valid:
+                gathered: list[dict[str, tuple[str, int, str]]], layout: str,
+                t0: float) -> Valid:
         """Rank 0: the manifest, last and atomically; then the ``written`` record."""
         directory = self.store.step_dir(step)
-        entries = {name: mf.FileEntry(sha, size)
-                   for part in gathered for name, (sha, size) in part.items()}
+        entries = {name: mf.FileEntry(digest, size, algorithm)
+                   for part in gathered for name, (digest, size, algorithm) in part.items()}
         manifest = mf.Manifest(job_id=self.job_id, step=step, samples_consumed=samples_consumed,
                                world_size=self.world_size, created_at=time.time_ns() // 1000,
                                files=entries, layout=layout)
@@ -350,7 +370,7 @@ class CheckpointManager:
         directory.mkdir(exist_ok=True)
         body = self._rank_body(step, samples_consumed, extra)
         state = sharded.model_and_optimizer_state(model, optimizer)
-        writer = sharded.HashingFileSystemWriter(directory,
+        writer = sharded.HashingFileSystemWriter(directory, algorithm=self.config.file_checksum,
                                                  thread_count=self.config.write_threads)
         if not self.config.async_save:
             with sharded.crc32(self.config.torch_crc32):
@@ -394,14 +414,16 @@ class CheckpointManager:
         return None
 
     def _finish_dcp(self, step: int, samples_consumed: int, body: bytes,
-                    files: dict[str, tuple[str, int]], side: Any, t0: float) -> Valid | None:
+                    files: dict[str, tuple[str, int, str]], side: Any,
+                    t0: float) -> Valid | None:
         """After DCP's write: this rank's progress file, every rank's checksums to rank 0,
         rank 0 commits. A collective on ``side`` (every rank, the same save)."""
         directory = self.store.step_dir(step)
         part: tuple[str, Any]
         try:
-            w = atomic_write_bytes(directory / rank_file(self.rank), body, sync_dir=False)
-            files[rank_file(self.rank)] = (w.sha256, w.size)
+            w = atomic_write_bytes(directory / rank_file(self.rank), body, sync_dir=False,
+                                   algorithm=self.config.file_checksum)
+            files[rank_file(self.rank)] = (w.digest, w.size, w.algorithm)
             fsync_dir(directory)  # this rank's files are durable before rank 0 commits
             part = ("ok", files)
         except OSError as exc:  # told to every rank, so that none waits for the others

@@ -2,8 +2,8 @@
 as it is written. Needs torch; imported by the manager only for the ``dcp`` layout.
 
 ``HashingFileSystemWriter`` is DCP's ``FileSystemWriter`` whose files go through
-``atomic.HashingWriter`` (SHA-256 computed while writing, early write-back, fsync by DCP), so
-each rank knows the checksum and size of the shard files it wrote (``__<rank>_<n>.distcp``)
+``atomic.HashingWriter`` (the checksum computed while writing, early write-back, fsync by
+DCP), so each rank knows the checksum and size of the shard files it wrote (``__<rank>_<n>.distcp``)
 without reading them back, and the coordinator knows those of ``.metadata``.
 
 ``model_and_optimizer_state`` / ``load_into`` use ``torch.distributed.checkpoint.state_dict``
@@ -15,6 +15,7 @@ DCP's planner has each tensor written once, spread over the ranks) and FSDP2 ``f
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import threading
 import warnings
@@ -37,6 +38,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from trainguard_sdk.checkpoint.atomic import HashingWriter
+from trainguard_sdk.checkpoint.checksum import SHA256
 
 MODEL_KEY = "model"
 OPTIM_KEY = "optim"
@@ -45,9 +47,9 @@ OPTIM_KEY = "optim"
 class _HashedStream:
     """The write side DCP sees: ``write``, ``tell``, ``flush``, ``fileno``, ``close``."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, algorithm: str) -> None:
         self.fd = fd
-        self.writer = HashingWriter(fd)
+        self.writer = HashingWriter(fd, algorithm=algorithm)
         self.closed = False
 
     def write(self, data: Any) -> int:
@@ -75,12 +77,14 @@ class _HashedStream:
 
 
 class HashingFileSystem(FileSystem):
-    """DCP's local file system, recording (sha256, size) of every file written, by name."""
+    """DCP's local file system, recording (digest, size, algorithm) of every file written,
+    by name."""
 
-    def __init__(self) -> None:
+    def __init__(self, algorithm: str = SHA256) -> None:
         super().__init__()
+        self.algorithm = algorithm
         self._lock = threading.Lock()
-        self.digests: dict[str, tuple[str, int]] = {}
+        self.digests: dict[str, tuple[str, int, str]] = {}
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str],
@@ -91,13 +95,14 @@ class HashingFileSystem(FileSystem):
             return
         target = Path(path)
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        hashed = _HashedStream(fd)
+        hashed = _HashedStream(fd, self.algorithm)
         try:
             yield hashed
         finally:
             hashed.close()
         with self._lock:
-            self.digests[target.name] = (hashed.writer.hexdigest(), hashed.writer.size)
+            self.digests[target.name] = (hashed.writer.hexdigest(), hashed.writer.size,
+                                         self.algorithm)
 
     def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
         super().rename(path, new_path)
@@ -108,12 +113,12 @@ class HashingFileSystem(FileSystem):
 
 
 class HashingFileSystemWriter(FileSystemWriter):
-    def __init__(self, path: Path, **kwargs: Any) -> None:
+    def __init__(self, path: Path, *, algorithm: str = SHA256, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
-        self.fs = HashingFileSystem()
+        self.fs = HashingFileSystem(algorithm)
 
-    def written(self) -> dict[str, tuple[str, int]]:
-        """What this rank wrote in this save: name -> (sha256, size)."""
+    def written(self) -> dict[str, tuple[str, int, str]]:
+        """What this rank wrote in this save: name -> (digest, size, algorithm)."""
         fs = self.fs
         assert isinstance(fs, HashingFileSystem)
         with fs._lock:
@@ -121,26 +126,71 @@ class HashingFileSystemWriter(FileSystemWriter):
 
 
 def _signature(obj: Any) -> Any:
-    """The structure of a state dict: keys, and every tensor's shape and dtype."""
+    """The structure of a state dict: keys, and every tensor's type, shape and dtype."""
     if isinstance(obj, dict):
         return tuple((k, _signature(v)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
         return tuple(_signature(v) for v in obj)
     if isinstance(obj, torch.Tensor):
-        return (tuple(obj.shape), obj.dtype)
+        return (type(obj).__name__, tuple(obj.shape), obj.dtype)
     return type(obj).__name__
+
+
+def _plain(obj: Any) -> bool:
+    """Every tensor in it a plain ``torch.Tensor`` (no DTensor or other subclass)."""
+    if isinstance(obj, dict):
+        return all(_plain(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return all(_plain(v) for v in obj)
+    return not isinstance(obj, torch.Tensor) or type(obj) is torch.Tensor
+
+
+def _flat_bytes(t: torch.Tensor) -> bool:
+    """A CPU tensor whose value is exactly its ``nbytes`` bytes from ``data_ptr()``."""
+    return (t.device.type == "cpu" and t.layout == torch.strided and t.is_contiguous()
+            and not t.is_quantized and not t.is_conj() and not t.is_neg())
+
+
+def _copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)``; between two contiguous CPU tensors a single memmove, which releases
+    the GIL and uses no intra-op threads: torch's parallel copy stalls for whole scheduler
+    time slices when the cores are oversubscribed (a busy training host), a memmove does not."""
+    if (src.dtype == dst.dtype and src.nbytes == dst.nbytes and _flat_bytes(src)
+            and _flat_bytes(dst)):
+        if src.nbytes:
+            ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.nbytes)
+    else:
+        dst.copy_(src)
+
+
+@torch.no_grad()
+def _stage_into(src: Any, staged: Any) -> Any:
+    """``src`` with every tensor copied into its counterpart in ``staged`` (same structure);
+    other values are ``src``'s."""
+    if isinstance(src, dict):
+        return {k: _stage_into(v, staged[k]) for k, v in src.items()}
+    if isinstance(src, list):
+        return [_stage_into(v, s) for v, s in zip(src, staged)]
+    if isinstance(src, tuple):
+        return tuple(_stage_into(v, s) for v, s in zip(src, staged))
+    if isinstance(src, torch.Tensor):
+        _copy_into(staged, src)
+        return staged
+    return src
 
 
 class ReusingStager(BlockingAsyncStager):
     """Stages (copies) the state into CPU buffers made once and reused while the state keeps
     its structure: a fresh copy would page-fault its way through new memory on every save
     (the training thread's stall doubles or worse). Pinned when CUDA is there (the copy from
-    the GPU is then a DMA). One save at a time may use it (the manager waits for the previous
-    save before staging the next)."""
+    the GPU is then a DMA). CPU tensors are copied with one memmove each (``_copy_into``);
+    DTensors and other subclasses through DCP's own ``_copy_state_dict``. One save at a time
+    may use it (the manager waits for the previous save before staging the next)."""
 
     def __init__(self) -> None:
         super().__init__(cache_staged_state_dict=True)
         self._signature: Any = None
+        self._plain = False
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
         signature = _signature(state_dict)
@@ -148,7 +198,12 @@ class ReusingStager(BlockingAsyncStager):
             self.state_dict_cache = _create_cpu_state_dict(
                 state_dict, pin_memory=torch.cuda.is_available())
             self._signature = signature
-        return _copy_state_dict(state_dict, self.state_dict_cache)
+            self._plain = _plain(state_dict) and _plain(self.state_dict_cache)
+        if self._plain:
+            staged: dict[str, Any] = _stage_into(state_dict, self.state_dict_cache)
+        else:
+            staged = _copy_state_dict(state_dict, self.state_dict_cache)
+        return staged  # blocking copies: done (from a GPU too) before training goes on
 
 
 @contextlib.contextmanager
@@ -156,7 +211,7 @@ def crc32(enabled: bool) -> Iterator[None]:
     """torch.save's per-record CRC32 (DCP writes each tensor with torch.save) on or off for
     the block. It is a process-wide option: a torch.save elsewhere in the process meanwhile
     skips it too, which costs nothing (torch.load reads files with and without it); the
-    manifest's SHA-256 covers the bytes."""
+    manifest's checksum covers the bytes."""
     before = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(enabled)
     try:

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Union
 
+from trainguard_sdk.checkpoint import checksum
 from trainguard_sdk.checkpoint import manifest as mf
-from trainguard_sdk.checkpoint.atomic import atomic_write_bytes, file_digest, fsync_dir
+from trainguard_sdk.checkpoint.atomic import atomic_write_bytes, fsync_dir
 
 STEP_DIR_RE: Final = re.compile(r"^step-(\d{12})$")
 QUARANTINE: Final = "quarantine"
@@ -128,8 +129,10 @@ class CheckpointStore:
             raise CorruptFile(f"{name}: unreadable ({exc})") from None
         if len(data) != entry.size:
             raise CorruptFile(f"{name}: {len(data)} bytes, the manifest says {entry.size}")
-        if hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise CorruptFile(f"{name}: sha256 does not match the manifest")
+        h = checksum.new(entry.algorithm)
+        h.update(data)
+        if h.hexdigest() != entry.digest:
+            raise CorruptFile(f"{name}: {entry.algorithm} does not match the manifest")
         return data
 
     # -- writing -----------------------------------------------------------------------------
@@ -140,7 +143,7 @@ class CheckpointStore:
         fsync_dir(path)  # the data files' renames are durable before the manifest's
         written = atomic_write_bytes(path / mf.MANIFEST_NAME, mf.encode(manifest))
         fsync_dir(self.root)
-        return Valid(path, manifest, written.sha256)
+        return Valid(path, manifest, written.digest)
 
     def prune(self, keep: int, newest_committed: int) -> list[Path]:
         """Keep the ``keep`` newest committed checkpoints; remove older committed ones and
@@ -182,13 +185,13 @@ class CheckpointStore:
 
 def _check_file(path: Path, entry: mf.FileEntry) -> str | None:
     try:
-        digest, size = file_digest(path)
+        digest, size = checksum.file_digest(path, entry.algorithm)
     except FileNotFoundError:
         return "missing"
     except OSError as exc:
         return f"unreadable ({exc})"
     if size != entry.size:
         return f"{size} bytes, the manifest says {entry.size}"
-    if digest != entry.sha256:
-        return "sha256 does not match the manifest"
+    if digest != entry.digest:
+        return f"{entry.algorithm} does not match the manifest"
     return None
