@@ -20,12 +20,20 @@ from __future__ import annotations
 import bisect
 import copy
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainguard.events.codec import encode
 from trainguard.events.envelope import Event
 from trainguard.incidents.aggregate import FOLDED_TYPES, IncidentBook
 from trainguard.incidents.model import order_key
 from trainguard.incidents.settings import IncidentSettings
+from trainguard.incidents.state_codec import (
+    SnapshotError,
+    book_from_doc,
+    book_to_doc,
+    event_from_doc,
+    event_to_doc,
+)
 from trainguard.rules.ordering import ReorderBuffer
 
 HISTORY_MAX = 400_000  # records per job kept for re-folding (step reports are most of them)
@@ -96,6 +104,54 @@ class LiveIncidents:
             job = self._jobs[name]
             out += self._fold(job, job.buffer.drain())
         return out + self.catch_up()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state as JSON values (``restore`` puts it back): each job's books, reorder
+        buffer, kept history and the transitions emitted."""
+        jobs = {}
+        for name in sorted(self._jobs):
+            job = self._jobs[name]
+            jobs[name] = {
+                "book": book_to_doc(job.book),
+                "base": book_to_doc(job.base),
+                "buffer": job.buffer.snapshot(),
+                "history": [event_to_doc(e) for e in job.history],
+                "emitted": {i: b.decode() for i, b in job.emitted.items()},
+                "forgotten_until": None if job.forgotten_until is None
+                else list(job.forgotten_until),
+                "dirty": job.dirty,
+            }
+        return {"history_max": self.history_max, "late": self.late,
+                "refolded": self.refolded, "jobs": jobs}
+
+    def restore(self, doc: dict[str, Any]) -> None:
+        """Replace the state with a ``snapshot()``'s (this instance's settings: the caller
+        checks they are the snapshot's); ``SnapshotError`` if it does not fit, and then the
+        state is left as it was."""
+        try:
+            jobs: dict[str, _Job] = {}
+            for name, j in doc["jobs"].items():
+                buffer = ReorderBuffer(self.settings.lateness_us)
+                buffer.restore(j["buffer"])
+                history = [event_from_doc(e) for e in j["history"]]
+                until = j["forgotten_until"]
+                jobs[str(name)] = _Job(
+                    book=book_from_doc(j["book"], self.settings),
+                    base=book_from_doc(j["base"], self.settings),
+                    buffer=buffer, history=history, ids={e.event_id for e in history},
+                    emitted={str(i): str(b).encode() for i, b in j["emitted"].items()},
+                    forgotten_until=None if until is None else (int(until[0]), str(until[1])),
+                    dirty=bool(j["dirty"]))
+            late, refolded = int(doc["late"]), int(doc["refolded"])
+            history_max = int(doc["history_max"])
+        except SnapshotError:
+            raise
+        except Exception as exc:  # any shape that is not a snapshot's
+            raise SnapshotError(f"{type(exc).__name__}: {exc}") from None
+        if history_max != self.history_max:
+            raise SnapshotError(f"history_max: {history_max} in the snapshot, "
+                                f"{self.history_max} here")
+        self._jobs, self.late, self.refolded = jobs, late, refolded
 
     @property
     def buffered(self) -> int:
