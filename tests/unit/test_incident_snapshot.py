@@ -320,3 +320,27 @@ def test_a_snapshot_of_another_log_is_not_used(tmp_path: Path,
     assert not stats.restored
     lines = [r.getMessage() for r in caplog.records if "not used" in r.getMessage()]
     assert len(lines) == 1 and "another log" in lines[0]
+
+
+# --- the flags ------------------------------------------------------------------------------
+
+
+def test_serve_flags_choose_the_snapshot_directory_and_cadence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainguard.cli.common import CliError
+    from trainguard.cli.incident import snapshots_of
+    from trainguard.cli.main import build_parser
+
+    monkeypatch.setenv("TRAINGUARD_STATE", str(tmp_path))
+    parse = build_parser().parse_args
+    snap = snapshots_of(parse(["incident", "serve"]), "tg")
+    assert snap is not None and snap.store.directory == tmp_path / "incidents-tg-incidents"
+    assert (snap.interval_s, snap.every_batches) == (30.0, 1000)
+    snap = snapshots_of(parse(["incident", "serve", "--state-dir", str(tmp_path / "s"),
+                               "--snapshot-interval-s", "2", "--snapshot-batches", "5",
+                               "--group-id", "g"]), "tg")
+    assert snap is not None and snap.store.directory == tmp_path / "s"
+    assert (snap.interval_s, snap.every_batches) == (2.0, 5)
+    assert snapshots_of(parse(["incident", "serve", "--no-snapshot"]), "tg") is None
+    with pytest.raises(CliError, match="--snapshot-batches 0"):
+        snapshots_of(parse(["incident", "serve", "--snapshot-batches", "0"]), "tg")
