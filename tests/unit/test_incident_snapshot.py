@@ -86,11 +86,15 @@ def test_a_restored_fold_folds_on_exactly_as_the_original(seed: int, cut: int,
 
 def test_a_document_that_is_not_a_snapshot_leaves_the_fold_as_it_was() -> None:
     live = LiveIncidents(SETTINGS)
-    for ev in FOLDED[:200]:
+    for ev in FOLDED:
         live.feed(ev)
     before = orjson.dumps(live.snapshot())
     doc = live.snapshot()
-    doc["jobs"]["job-a"]["history"][3] = '{"not": "an event"}'
+    doc["jobs"]["job-a"]["history"][3][2] = {"not": "an encoded event"}
+    with pytest.raises(SnapshotError, match="history"):
+        live.restore(doc)
+    doc = live.snapshot()
+    doc["jobs"]["job-a"]["book"]["incidents"][0]["transitions"][0] = '{"not": "an event"}'
     with pytest.raises(SnapshotError, match="event"):
         live.restore(doc)
     with pytest.raises(SnapshotError):
@@ -236,9 +240,10 @@ def test_serve_restarted_from_its_snapshot_publishes_what_one_run_publishes(
     assert got == _uninterrupted(seed)
     assert got == REFERENCE
     assert len(bus.events(TopicRole.INCIDENTS)) == len(REFERENCE)  # nothing published twice
-    assert second.restored == had_snapshot
-    if not killed and first.batches:  # a clean stop writes one
-        assert had_snapshot and first.snapshots >= 1
+    if not killed:  # (killed: a write begun in its thread may still land after the kill)
+        assert second.restored == had_snapshot
+        if first.batches:  # a clean stop writes one
+            assert had_snapshot and first.snapshots >= 1
     if second.restored:  # read on from the snapshot's offsets, not from earliest
         assert second.consumed < _input_end(bus)
 

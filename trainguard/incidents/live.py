@@ -39,12 +39,32 @@ from trainguard.rules.ordering import ReorderBuffer
 HISTORY_MAX = 400_000  # records per job kept for re-folding (step reports are most of them)
 
 
+@dataclass(frozen=True, slots=True)
+class _Raw:
+    """A kept record as a snapshot had it: decoded only if it is folded again (most never
+    are), so a restore does not decode the whole kept history."""
+
+    event_time: int
+    event_id: str
+    raw: str
+
+    def event(self) -> Event:
+        return event_from_doc(self.raw)
+
+
+_Kept = Event | _Raw
+
+
+def _key(kept: _Kept) -> tuple[int, str]:
+    return (kept.event_time, kept.event_id)
+
+
 @dataclass
 class _Job:
     book: IncidentBook
     base: IncidentBook  # the fold of every record before ``history``
     buffer: ReorderBuffer
-    history: list[Event] = field(default_factory=list)  # released, in order_key order
+    history: list[_Kept] = field(default_factory=list)  # released, in order_key order
     ids: set[str] = field(default_factory=set)
     emitted: dict[str, bytes] = field(default_factory=dict)  # transition id -> bytes
     forgotten_until: tuple[int, str] | None = None  # order_key of the newest record in base
@@ -78,7 +98,7 @@ class LiveIncidents:
         if job.forgotten_until is not None and key <= job.forgotten_until:
             self.late += 1  # before the kept history: cannot be put in its place
             return []
-        job.history.insert(bisect.bisect_left(job.history, key, key=order_key), event)
+        job.history.insert(bisect.bisect_left(job.history, key, key=_key), event)
         job.ids.add(event.event_id)
         job.dirty = True
         self.refolded += 1
@@ -94,7 +114,9 @@ class LiveIncidents:
                 continue
             job.dirty = False
             job.book = copy.deepcopy(job.base)
-            for ev in job.history:
+            for i, kept in enumerate(job.history):
+                ev = kept.event() if isinstance(kept, _Raw) else kept
+                job.history[i] = ev
                 out += self._new(job, job.book.apply(ev))
         return out
 
@@ -115,7 +137,9 @@ class LiveIncidents:
                 "book": book_to_doc(job.book),
                 "base": book_to_doc(job.base),
                 "buffer": job.buffer.snapshot(),
-                "history": [event_to_doc(e) for e in job.history],
+                "history": [[k.event_time, k.event_id,
+                             k.raw if isinstance(k, _Raw) else event_to_doc(k)]
+                            for k in job.history],
                 "emitted": {i: b.decode() for i, b in job.emitted.items()},
                 "forgotten_until": None if job.forgotten_until is None
                 else list(job.forgotten_until),
@@ -133,7 +157,8 @@ class LiveIncidents:
             for name, j in doc["jobs"].items():
                 buffer = ReorderBuffer(self.settings.lateness_us)
                 buffer.restore(j["buffer"])
-                history = [event_from_doc(e) for e in j["history"]]
+                history: list[_Kept] = [_Raw(int(t), str(i), _text(raw))
+                                        for t, i, raw in j["history"]]
                 until = j["forgotten_until"]
                 jobs[str(name)] = _Job(
                     book=book_from_doc(j["book"], self.settings),
@@ -191,8 +216,15 @@ class LiveIncidents:
         if job.dirty:
             return  # after the catch-up
         half = len(job.history) // 2
-        for ev in job.history[:half]:
-            job.base.apply(ev)
-            job.ids.discard(ev.event_id)
-        job.forgotten_until = order_key(job.history[half - 1])
+        for kept in job.history[:half]:
+            job.base.apply(kept.event() if isinstance(kept, _Raw) else kept)
+            job.ids.discard(kept.event_id)
+        job.forgotten_until = _key(job.history[half - 1])
         del job.history[:half]
+
+
+def _text(raw: object) -> str:
+    if not isinstance(raw, str):
+        raise SnapshotError(f"history: an encoded event is a JSON string (got "
+                            f"{type(raw).__name__})")
+    return raw

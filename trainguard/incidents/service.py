@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class ServiceStats:
     batches: int = 0
     restored: bool = False  # started from a snapshot (else rebuilt from the log)
     snapshots: int = 0  # snapshots written
+    following: bool = False  # the state is rebuilt or restored and the consumer is started
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
         if start_at is None:
             await _rebuild(bus, live, publisher, stats, check, seen)
         await consumer.start()
+        stats.following = True
         loop = asyncio.get_running_loop()
         last_input = saved_at = loop.time()
         unsaved = 0  # batches folded (and flushes) since the last snapshot
@@ -217,6 +220,8 @@ def _restore(snapshots: Snapshots, identity: dict[str, Any], live: LiveIncidents
              known: dict[str, bytes]) -> Offsets | None:
     """The offsets to read on from, with ``live`` restored; None (said in one line): rebuild."""
     where = snapshots.store.path
+    collecting = gc.isenabled()
+    gc.disable()  # a restore allocates millions of objects and frees none: no cycles to find
     try:
         snap = snapshots.store.read()
         if snap is None:
@@ -240,6 +245,9 @@ def _restore(snapshots: Snapshots, identity: dict[str, Any], live: LiveIncidents
         log.warning("incidents: snapshot %s not used (%s: %s); rebuilding from the log", where,
                     type(exc).__name__, exc)
         return None
+    finally:
+        if collecting:
+            gc.enable()
     log.info("incidents: restored from %s (%d partitions' offsets, %d jobs)", where,
              len(snap.offsets), len(snap.state.get("jobs", {})))
     return snap.offsets
