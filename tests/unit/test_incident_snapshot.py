@@ -307,6 +307,41 @@ def test_a_sound_snapshot_of_the_same_log_is_used(tmp_path: Path,
     assert stats.consumed == 0 and stats.published == 0  # nothing read again
 
 
+def test_a_kept_record_that_no_longer_decodes_sets_the_snapshot_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restored record that the codec cannot read when it is folded again: the service stops
+    with one line and moves the snapshot aside, so the next start rebuilds from the log
+    instead of loading it again and failing the same way (no crash loop)."""
+    from trainguard.incidents import live as live_module
+
+    store = SnapshotStore(tmp_path / "state")
+    snapshots = Snapshots(store, interval_s=3600, every_batches=1)
+    bus = MemoryBus()
+    bad = live_module._Raw(1, "e-bad", "{not json")
+    with pytest.raises(SnapshotError, match="e-bad"):
+        bad.event()
+
+    def unreadable(self: LiveIncidents) -> list[Event]:
+        raise SnapshotError("kept record e-bad of the snapshot does not decode: boom")
+
+    async def go() -> ServiceStats:
+        await _publish(bus, LOG)
+        await _run_to_the_end(bus, snapshots)
+        with monkeypatch.context() as m:
+            m.setattr(LiveIncidents, "catch_up", unreadable)
+            with pytest.raises(SnapshotError) as err:
+                await _run_to_the_end(bus, snapshots)
+        message = str(err.value)
+        assert "\n" not in message and "set aside" in message and "e-bad" in message
+        assert not store.path.exists()
+        assert store.path.with_name(store.path.name + ".unusable").exists()
+        return await _run_to_the_end(bus, snapshots)
+
+    stats = asyncio.run(asyncio.wait_for(go(), 60))
+    assert not stats.restored  # rebuilt from the log
+    assert _published(bus) == sorted(canonical(t) for t in rebuild(LOG, SETTINGS))
+
+
 def test_a_snapshot_of_another_log_is_not_used(tmp_path: Path,
                                                caplog: pytest.LogCaptureFixture) -> None:
     """The same prefix and group on a new broker: its transitions are not on the topic."""

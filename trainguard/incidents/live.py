@@ -49,7 +49,11 @@ class _Raw:
     raw: str
 
     def event(self) -> Event:
-        return event_from_doc(self.raw)
+        try:
+            return event_from_doc(self.raw)
+        except Exception as exc:  # restored from a snapshot the codec no longer reads
+            raise SnapshotError(f"kept record {self.event_id} of the snapshot does not "
+                                f"decode: {exc}") from None
 
 
 _Kept = Event | _Raw

@@ -18,6 +18,7 @@ finished job is decided too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -159,12 +160,17 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                     out += live.feed(ev)
                 except Exception as exc:  # poison for the fold: dead-lettered, carry on
                     await consumer.refuse(by_id[ev.event_id], exc)
-            out += live.catch_up()  # records that came behind the watermark, in their place
-            if batch:
-                last_input = loop.time()
-            elif live.buffered and loop.time() - last_input >= idle_flush_s:
-                out += live.flush()
-                unsaved += 1  # the state moved: the next snapshot has it
+            try:
+                out += live.catch_up()  # records that came behind the watermark, in place
+                if batch:
+                    last_input = loop.time()
+                elif live.buffered and loop.time() - last_input >= idle_flush_s:
+                    out += live.flush()
+                    unsaved += 1  # the state moved: the next snapshot has it
+            except SnapshotError as exc:  # a restored record the codec no longer reads
+                _set_aside(snapshots)
+                raise SnapshotError(f"incidents: {exc}; the snapshot is set aside, the next "
+                                    "start rebuilds from the log") from None
             await publisher.publish(out)
             if consumer.uncommitted:  # refused records too: a restart does not read them
                 await consumer.commit()
@@ -206,6 +212,16 @@ async def _rebuild(bus: Bus, live: LiveIncidents, publisher: Publisher, stats: S
     await publisher.publish(out)
     log.info("incidents: rebuilt from %d events, %d transitions known",
              len(history), len(publisher.known))
+
+
+def _set_aside(snapshots: Snapshots | None) -> None:
+    """Move the snapshot out of the way (kept beside it for a look): a restart must not load
+    it again."""
+    if snapshots is None:
+        return
+    path = snapshots.store.path
+    with contextlib.suppress(OSError):
+        path.replace(path.with_name(path.name + ".unusable"))
 
 
 def _identity(bus: Bus, group_id: str, live: LiveIncidents) -> dict[str, Any]:
