@@ -123,6 +123,43 @@ class BusContract:
         assert steps(second) == [3, 4]
         assert steps(third) == [3, 4]
 
+    def test_start_at_overrides_the_commit_and_positions_say_where_reading_goes_on(
+            self, bus: Bus) -> None:
+        async def go() -> tuple[dict[tuple[str, int], int], list[Event], list[Event],
+                                dict[tuple[str, int], int]]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                for n in range(5):
+                    await prod.send(beat("job-a", n))
+                a = bus.consumer([TopicRole.TASK], group_id="g-at", name="a", dlq=prod)
+                await a.start()
+                await poll_until(a, 5)
+                await a.commit()
+                at = await a.positions()
+                await a.stop()
+                (tp, end), = ((k, v) for k, v in at.items() if v)  # one job: one partition
+                # a snapshot covering the first two records: the group committed all five
+                b = bus.consumer([TopicRole.TASK], group_id="g-at", name="b", dlq=prod,
+                                 start_at={tp: end - 3})
+                await b.start()
+                again = await poll_until(b, 3)
+                await b.commit()
+                after = await b.positions()
+                await b.stop()
+                c = bus.consumer([TopicRole.TASK], group_id=None, name="c", dlq=None,
+                                 start_at={tp: end - 1})
+                await c.start()
+                tail = await poll_until(c, 1)
+                await c.stop()
+                return at, again, tail, after
+            finally:
+                await prod.stop()
+        at, again, tail, after = run(go())
+        assert steps(again) == [2, 3, 4]
+        assert steps(tail) == [4]
+        assert after == at  # back at the end: what commit() recorded
+
     def test_without_a_group_reading_starts_at_earliest_or_latest(self, bus: Bus) -> None:
         async def go() -> tuple[list[Event], list[Event]]:
             prod = bus.producer()

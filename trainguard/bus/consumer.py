@@ -24,11 +24,12 @@ never act twice have their own guard on top (the actuator's ledger, decide's ide
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
 
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.dlq import DeadLetter, dead_letter, refusal
@@ -104,6 +105,7 @@ class EventConsumer:
         from_offset: str = "earliest",
         dedupe: int | bool = False,
         check: Check | None = None,
+        start_at: Mapping[tuple[str, int], int] | None = None,
         **settings: Any,
     ) -> None:
         self.names = names or TopicNames(config.topic_prefix)
@@ -115,6 +117,8 @@ class EventConsumer:
         self._dlq_topic = self.names.name(TopicRole.DLQ)
         self._seen = SeenIds(DEDUPE_IDS if dedupe is True else int(dedupe)) if dedupe else None
         self.uncommitted = False  # records read (delivered or refused) since the last commit
+        self._group_id = group_id
+        self._start_at = _StartAt(start_at or {})
         self._consumer = AIOKafkaConsumer(
             *self.topics,
             **config.client_kwargs(),
@@ -124,10 +128,15 @@ class EventConsumer:
             isolation_level="read_committed",
             **settings,
         )
+        self._start_at.consumer = self._consumer
+        if start_at and group_id is not None:  # applied when the group assigns a partition
+            self._consumer.subscribe(self.topics, listener=self._start_at)
 
     async def start(self) -> None:
         try:
             await self._consumer.start()
+            if self._start_at.offsets and self._group_id is None:  # assigned at start
+                await self._start_at.on_partitions_assigned(self._consumer.assignment())
         except BaseException:
             await self._consumer.stop()  # a client that failed to start holds no connection
             raise
@@ -230,6 +239,11 @@ class EventConsumer:
             out.extend(batch)
         return out
 
+    async def positions(self) -> dict[tuple[str, int], int]:
+        return {(tp.topic, tp.partition): await self._consumer.position(tp)
+                for tp in sorted(self._consumer.assignment(),
+                                 key=lambda t: (t.topic, t.partition))}
+
     async def caught_up(self) -> bool:
         parts = self._consumer.assignment()
         if not parts:
@@ -239,3 +253,23 @@ class EventConsumer:
             if await self._consumer.position(tp) < ends[tp]:
                 return False
         return True
+
+
+class _StartAt(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Seeks each partition named in ``offsets`` there when it is first assigned (a position
+    past the end is reset as ``auto_offset_reset`` says)."""
+
+    def __init__(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        self.offsets = dict(offsets)
+        self.consumer: AIOKafkaConsumer | None = None
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        return None
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        if self.consumer is None:
+            return
+        for tp in assigned:
+            offset = self.offsets.pop((tp.topic, tp.partition), None)
+            if offset is not None:
+                self.consumer.seek(tp, offset)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -27,13 +27,14 @@ class KafkaBus:
 
     def consumer(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
                  dlq: EventSink | None, from_offset: str = "earliest",
-                 dedupe: bool = False, check: Check | None = None) -> EventSource:
+                 dedupe: bool = False, check: Check | None = None,
+                 start_at: Mapping[tuple[str, int], int] | None = None) -> EventSource:
         if dlq is not None and not isinstance(dlq, EventProducer):
             raise TypeError(f"{name}: the dead-letter producer of a Kafka consumer is a Kafka "
                             f"producer (got {type(dlq).__name__})")
         return EventConsumer(self.config, roles, group_id=group_id, name=name, dlq=dlq,
                              names=self.names, from_offset=from_offset, dedupe=dedupe, check=check,
-                             **self._consumer_settings)
+                             start_at=start_at, **self._consumer_settings)
 
     async def read(self, roles: Sequence[TopicRole]) -> list[Event]:
         from trainguard.incidents.source import read_topics  # the log source's reader

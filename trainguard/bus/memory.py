@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from trainguard.bus.consumer import DEDUPE_IDS, Check, ConsumerStats, Delivered, SeenIds
@@ -98,9 +98,11 @@ class MemoryBus:
 
     def consumer(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
                  dlq: EventSink | None, from_offset: str = "earliest",
-                 dedupe: bool = False, check: Check | None = None) -> MemoryConsumer:
+                 dedupe: bool = False, check: Check | None = None,
+                 start_at: Mapping[tuple[str, int], int] | None = None) -> MemoryConsumer:
         return MemoryConsumer(self, roles, group_id=group_id, name=name, dlq=dlq,
-                              from_offset=from_offset, dedupe=dedupe, check=check)
+                              from_offset=from_offset, dedupe=dedupe, check=check,
+                              start_at=start_at)
 
     async def read(self, roles: Sequence[TopicRole]) -> list[Event]:
         return [e for role in roles for e in self.events(role)]
@@ -149,7 +151,8 @@ class MemoryProducer:
 class MemoryConsumer:
     def __init__(self, bus: MemoryBus, roles: Sequence[TopicRole], *, group_id: str | None,
                  name: str, dlq: EventSink | None, from_offset: str = "earliest",
-                 dedupe: bool = False, check: Check | None = None) -> None:
+                 dedupe: bool = False, check: Check | None = None,
+                 start_at: Mapping[tuple[str, int], int] | None = None) -> None:
         if from_offset not in ("earliest", "latest"):
             raise ValueError(f"from_offset: 'earliest' or 'latest' (got {from_offset!r})")
         self.bus = bus
@@ -165,6 +168,7 @@ class MemoryConsumer:
         self._positions: dict[tuple[str, int], int] | None = None
         self._seen = SeenIds(DEDUPE_IDS) if dedupe else None
         self._check = check
+        self._start_at = dict(start_at or {})
         self.uncommitted = False
 
     async def start(self) -> None:
@@ -175,6 +179,10 @@ class MemoryConsumer:
                              if self.group_id is not None else None)
                 positions[(topic, partition)] = committed if committed is not None else (
                     0 if self._from == "earliest" else len(log_))
+                at = self._start_at.pop((topic, partition), None)
+                if at is not None:  # Kafka: a position past the end is reset (from_offset)
+                    positions[(topic, partition)] = at if 0 <= at <= len(log_) else (
+                        0 if self._from == "earliest" else len(log_))
         self._positions = positions
 
     async def stop(self) -> None:
@@ -268,6 +276,9 @@ class MemoryConsumer:
 
     async def caught_up(self) -> bool:
         return not self._take_pending()
+
+    async def positions(self) -> dict[tuple[str, int], int]:
+        return dict(self._pos())
 
     def _take_pending(self) -> bool:
         return any(pos < len(self.bus.partitions(t)[p]) for (t, p), pos in self._pos().items())

@@ -8,7 +8,10 @@ The semantics both keep:
   ``ingest_time`` is stamped once. ``send_raw`` writes bytes as they are (dead letters).
 - ``EventSource`` reads roles from a position: with a consumer group, from the group's committed
   offsets (else ``from_offset``), and ``commit()`` records what was polled; without a group,
-  from ``from_offset`` ('earliest' or 'latest') every time. A record that is not a valid event
+  from ``from_offset`` ('earliest' or 'latest') every time. ``start_at`` overrides both for
+  the partitions it names (a service resuming from a snapshot that covers the log up to
+  there); ``positions()`` is where reading goes on in each partition (what ``commit()``
+  records). A record that is not a valid event
   never reaches the caller: it goes to the dead-letter topic (through ``dlq``) with its reason
   and reading carries on.
 - ``read(roles)``: every valid event now on the topics (no group, nothing committed).
@@ -22,7 +25,7 @@ The semantics both keep:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -82,6 +85,11 @@ class EventSource(Protocol):
         (after ``drain``: False means it ran out of time, and what it read is partial)."""
         ...
 
+    async def positions(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> the offset reading goes on from, for every partition this
+        consumer reads now (after ``commit()``: what was committed)."""
+        ...
+
 
 @dataclass(frozen=True)
 class RawRecord:
@@ -128,11 +136,14 @@ class Bus(Protocol):
 
     def consumer(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
                  dlq: EventSink | None, from_offset: str = "earliest",
-                 dedupe: bool = False, check: Check | None = None) -> EventSource:
+                 dedupe: bool = False, check: Check | None = None,
+                 start_at: Mapping[tuple[str, int], int] | None = None) -> EventSource:
         """``dedupe``: a record whose event id was delivered already is dropped (consumers
         that fold state; bounded memory, see bus/consumer.py). ``check``: why a decoded event
         must not be believed (a signature that does not verify), or None; such a record is
-        dead-lettered like a bad one."""
+        dead-lettered like a bad one. ``start_at``: (topic, partition) -> the offset to start
+        that partition at, instead of the group's committed one or ``from_offset`` (others
+        start as usual); applied once, when the partition is first assigned."""
         ...
 
     async def read(self, roles: Sequence[TopicRole]) -> list[Event]:

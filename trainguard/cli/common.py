@@ -114,13 +114,15 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from trainguard.events.errors import ContractError
     from trainguard.incidents.query import IncidentNotFound
     from trainguard.incidents.source import LogFileError, LogSourceError
+    from trainguard.incidents.state_codec import SnapshotError
     from trainguard.replay.window import WindowError
     from trainguard.rules.schema import RuleError
     from trainguard.traces.provider import OtlpConfigError
 
     return (CliError, ConfigFileError, RuleError, JobSpecError, ConfigError, ScenarioError,
             KafkaConfigError, SigningKeyError, LogFileError, LogSourceError, WindowError,
-            IncidentNotFound, ContractError, BrokerError, OtlpConfigError, UnicodeError)
+            IncidentNotFound, ContractError, BrokerError, OtlpConfigError, SnapshotError,
+            UnicodeError)
 
 
 def one_line(text: str) -> str:

@@ -17,13 +17,15 @@ from trainguard.cli.common import (
     run_until_stopped,
 )
 from trainguard.cli.flags import renamed
+from trainguard.dev.paths import state_dir
 from trainguard.events.clock import to_iso
 from trainguard.events.envelope import Event
 from trainguard.incidents.context import EventContext
 from trainguard.incidents.live import LiveIncidents
 from trainguard.incidents.query import find, incident_views
-from trainguard.incidents.service import serve
+from trainguard.incidents.service import Snapshots, serve
 from trainguard.incidents.settings import IncidentSettings
+from trainguard.incidents.snapshot import SnapshotStore
 from trainguard.incidents.source import read_log_file, read_topics
 from trainguard.timeline import FORMATS, build_timeline, render
 
@@ -48,6 +50,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                                   "<prefix>-incidents)"), "--group")
     srv.add_argument("--idle-flush-s", type=float, default=5.0,
                      help="flush the reorder buffer after this long without input")
+    srv.add_argument("--state-dir", type=Path, help="where the fold's snapshot (state + the "
+                     "offsets it covers) is kept: a restart reads on from there instead of "
+                     "from earliest (default $TRAINGUARD_STATE/incidents-<group id>)")
+    srv.add_argument("--snapshot-interval-s", type=float, default=30.0,
+                     help="write a snapshot after a commit this often (default 30)")
+    srv.add_argument("--snapshot-batches", type=int, default=1000,
+                     help="... or after this many batches, whichever comes first "
+                     "(default 1000)")
+    srv.add_argument("--no-snapshot", action="store_true", help="keep no snapshot: every "
+                     "start rebuilds from the whole log")
     srv.add_argument("--command-pubkey", type=input_file, help="decide's public key: commands are "
                      "folded only when it verifies them (default "
                      "$TRAINGUARD_COMMAND_PUBKEY_FILE, else $TRAINGUARD_COMMAND_PUBKEY)")
@@ -117,6 +129,19 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def snapshots_of(args: argparse.Namespace, prefix: str) -> Snapshots | None:
+    if args.no_snapshot:
+        return None
+    if not args.snapshot_interval_s > 0:
+        raise CliError(f"--snapshot-interval-s {args.snapshot_interval_s}: must be > 0")
+    if args.snapshot_batches < 1:
+        raise CliError(f"--snapshot-batches {args.snapshot_batches}: must be >= 1")
+    group = args.group_id or f"{prefix}-incidents"  # serve()'s default group
+    directory = args.state_dir or state_dir() / f"incidents-{group}"
+    return Snapshots(SnapshotStore(directory), interval_s=args.snapshot_interval_s,
+                     every_batches=args.snapshot_batches)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from trainguard.actuators import signing
 
@@ -130,6 +155,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise CliError(f"--http-port {args.http_port}: must be 0 (no HTTP server) to 65535")
     cfg = kafka_config(args, client_id="trainguard-incidents")
     settings = settings_of(args)
+    snapshots = snapshots_of(args, cfg.topic_prefix)
 
     async def run(stop: asyncio.Event) -> None:
         bus = KafkaBus(cfg)
@@ -149,7 +175,8 @@ def _serve(args: argparse.Namespace) -> int:
         try:
             stats = await serve(bus, settings=settings, group=args.group_id,
                                 idle_flush_s=args.idle_flush_s, stop=stop, check=trust.check,
-                                live=live, observe=context.add if args.http_port else None)
+                                live=live, observe=context.add if args.http_port else None,
+                                snapshots=snapshots)
         finally:
             stop.set()
             if feed is not None:

@@ -1,9 +1,13 @@
 """`trainguard incident serve`: the log's topics in, incident transitions out.
 
-Start: the incidents topic is read to learn which transitions are already published, the
-input topics are read from the beginning to their end and folded in event-time order to
-rebuild every incident (the state is the log; nothing else is kept), and the missing
-transitions are published. Then a consumer group
+Start: the incidents topic is read to learn which transitions are already published. With a
+snapshot (``Snapshots``: the fold's state and the consumer offsets it covers, written after a
+commit every ``interval_s`` or ``every_batches`` batches, and at a clean stop) that is of this
+log and this fold, the state is put back and the consumer starts at the snapshot's offsets.
+Without one (none yet, unreadable, corrupt, another version or another log: said in one line),
+the input topics are read from the beginning to their end and folded in event-time order to
+rebuild every incident (the state is the log; the snapshot is only a shortcut), and the missing
+transitions are published. Either way the result is the same. Then a consumer group
 follows the topics; each batch's transitions are published (acks=all) before its offsets are
 committed. A restart publishes nothing twice: transition ids are derived from the incident and
 its sequence number, and ids already on the topic are skipped (consumers dedupe by id anyway).
@@ -14,19 +18,30 @@ finished job is decided too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainguard.bus.consumer import Check
-from trainguard.bus.protocol import Bus
+from trainguard.bus.protocol import Bus, EventSource
 from trainguard.events.envelope import Event
 from trainguard.events.topics import TopicRole
 from trainguard.incidents.live import LiveIncidents
 from trainguard.incidents.query import canonical
 from trainguard.incidents.settings import IncidentSettings
+from trainguard.incidents.snapshot import (
+    Offsets,
+    Snapshot,
+    SnapshotStore,
+    encode_snapshot,
+    identity_problem,
+)
 from trainguard.incidents.source import order
+from trainguard.incidents.state_codec import SnapshotError
 
 log = logging.getLogger(__name__)
 INPUT_ROLES = (TopicRole.TASK, TopicRole.VERDICTS, TopicRole.COMMANDS, TopicRole.OUTCOMES)
@@ -41,6 +56,24 @@ class ServiceStats:
     # bound before (the published one stays; `trainguard replay` lists the difference)
     conflicts: int = 0
     batches: int = 0
+    restored: bool = False  # started from a snapshot (else rebuilt from the log)
+    snapshots: int = 0  # snapshots written
+    following: bool = False  # the state is rebuilt or restored and the consumer is started
+
+
+@dataclass(frozen=True)
+class Snapshots:
+    """Where and how often the fold's state is written (after a commit, when ``interval_s``
+    have passed or ``every_batches`` batches were folded since the last one)."""
+
+    store: SnapshotStore
+    interval_s: float = 30.0
+    every_batches: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.every_batches < 1:
+            raise ValueError(f"snapshots: interval_s > 0 and every_batches >= 1 (got "
+                             f"{self.interval_s}, {self.every_batches})")
 
 
 class Sender(Protocol):
@@ -82,48 +115,43 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                 group: str | None = None, idle_flush_s: float = 5.0,
                 stop: asyncio.Event | None = None, stats: ServiceStats | None = None,
                 check: Check | None = None, live: LiveIncidents | None = None,
-                observe: Callable[[Event], None] | None = None) -> ServiceStats:
+                observe: Callable[[Event], None] | None = None,
+                snapshots: Snapshots | None = None, poll_ms: int = 500) -> ServiceStats:
     """``check`` (``signing.Trust.check``): commands, outcomes and pool events are folded only
     when their signature verifies; the others are dead-lettered by the consumer and left out
     of the history read at start. None: nothing is checked (in-process tests).
 
     ``live``: the fold to use (the served pages read it); ``observe``: called with every
-    accepted input event, history and live, before it is folded (the pages' event context)."""
+    accepted input event, history and live, before it is folded (the pages' event context;
+    after a restart from a snapshot, the events since the snapshot only).
+
+    ``snapshots``: where the state is written and read back (None: never; every start
+    rebuilds from the log). ``poll_ms``: how long one poll waits for records."""
     stats = stats or ServiceStats()
     stop = stop or asyncio.Event()
     live = live if live is not None else LiveIncidents(settings)
     seen = observe or (lambda _ev: None)
+    group_id = group or f"{bus.names.prefix}-incidents"
     known = {e.event_id: canonical(e) for e in await bus.read([TopicRole.INCIDENTS])
              if e.type == "incident.transition"}
+    identity = _identity(bus, group_id, live)
+    start_at = _restore(snapshots, identity, live, known) if snapshots is not None else None
+    stats.restored = start_at is not None
     producer = bus.producer()
     await producer.start()
-    consumer = bus.consumer(INPUT_ROLES, group_id=group or f"{bus.names.prefix}-incidents",
-                            name="incidents", dlq=producer, from_offset="earliest", check=check)
+    consumer = bus.consumer(INPUT_ROLES, group_id=group_id, name="incidents", dlq=producer,
+                            from_offset="earliest", check=check, start_at=start_at)
     try:
         publisher = Publisher(producer, known, stats)
-        history = await bus.read(INPUT_ROLES)
-        if check is not None:
-            history = [e for e in history if check(e) is None]
-        out: list[Event] = []
-        # topic by topic is not an arrival order within any lateness: time order is
-        for ev in order(history):
-            seen(ev)
-            try:
-                out += live.feed(ev)
-            except Exception as exc:  # the live consumer below dead-letters it
-                log.error("incidents: folding %s %s raised %s: %s; left out", ev.type,
-                          ev.event_id, type(exc).__name__, exc)
-                log.debug("incidents: the traceback", exc_info=exc)
-        out += live.catch_up()
-        stats.consumed += len(history)
-        await publisher.publish(out)
-        log.info("incidents: rebuilt from %d events, %d transitions known",
-                 len(history), len(known))
+        if start_at is None:
+            await _rebuild(bus, live, publisher, stats, check, seen)
         await consumer.start()
+        stats.following = True
         loop = asyncio.get_running_loop()
-        last_input = loop.time()
+        last_input = saved_at = loop.time()
+        unsaved = 0  # batches folded (and flushes) since the last snapshot
         while not stop.is_set():
-            batch = await consumer.poll(timeout_ms=500)
+            batch = await consumer.poll(timeout_ms=poll_ms)
             out = []
             by_id = {item.event.event_id: item for item in batch}
             for ev in order(item.event for item in batch):  # a batch spans partitions
@@ -132,18 +160,124 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                     out += live.feed(ev)
                 except Exception as exc:  # poison for the fold: dead-lettered, carry on
                     await consumer.refuse(by_id[ev.event_id], exc)
-            out += live.catch_up()  # records that came behind the watermark, in their place
-            if batch:
-                last_input = loop.time()
-            elif live.buffered and loop.time() - last_input >= idle_flush_s:
-                out += live.flush()
+            try:
+                out += live.catch_up()  # records that came behind the watermark, in place
+                if batch:
+                    last_input = loop.time()
+                elif live.buffered and loop.time() - last_input >= idle_flush_s:
+                    out += live.flush()
+                    unsaved += 1  # the state moved: the next snapshot has it
+            except SnapshotError as exc:  # a restored record the codec no longer reads
+                _set_aside(snapshots)
+                raise SnapshotError(f"incidents: {exc}; the snapshot is set aside, the next "
+                                    "start rebuilds from the log") from None
             await publisher.publish(out)
             if consumer.uncommitted:  # refused records too: a restart does not read them
                 await consumer.commit()
             if batch:
                 stats.consumed += len(batch)
                 stats.batches += 1
+                unsaved += 1
+            if snapshots is not None and unsaved and (
+                    unsaved >= snapshots.every_batches
+                    or loop.time() - saved_at >= snapshots.interval_s):
+                await _save(snapshots, identity, live, consumer, stats)
+                unsaved, saved_at = 0, loop.time()
+        if snapshots is not None and unsaved:  # a clean stop: the next start reads on from here
+            await _save(snapshots, identity, live, consumer, stats)
     finally:
         await consumer.stop()
         await producer.stop()
     return stats
+
+
+async def _rebuild(bus: Bus, live: LiveIncidents, publisher: Publisher, stats: ServiceStats,
+                   check: Check | None, seen: Callable[[Event], None]) -> None:
+    """Every input topic from the beginning, folded in event-time order."""
+    history = await bus.read(INPUT_ROLES)
+    if check is not None:
+        history = [e for e in history if check(e) is None]
+    out: list[Event] = []
+    # topic by topic is not an arrival order within any lateness: time order is
+    for ev in order(history):
+        seen(ev)
+        try:
+            out += live.feed(ev)
+        except Exception as exc:  # the live consumer below dead-letters it
+            log.error("incidents: folding %s %s raised %s: %s; left out", ev.type,
+                      ev.event_id, type(exc).__name__, exc)
+            log.debug("incidents: the traceback", exc_info=exc)
+    out += live.catch_up()
+    stats.consumed += len(history)
+    await publisher.publish(out)
+    log.info("incidents: rebuilt from %d events, %d transitions known",
+             len(history), len(publisher.known))
+
+
+def _set_aside(snapshots: Snapshots | None) -> None:
+    """Move the snapshot out of the way (kept beside it for a look): a restart must not load
+    it again."""
+    if snapshots is None:
+        return
+    path = snapshots.store.path
+    with contextlib.suppress(OSError):
+        path.replace(path.with_name(path.name + ".unusable"))
+
+
+def _identity(bus: Bus, group_id: str, live: LiveIncidents) -> dict[str, Any]:
+    """What a snapshot must have been taken of to be used here."""
+    settings = {k: (v.value if hasattr(v, "value") else v)
+                for k, v in dataclasses.asdict(live.settings).items()}
+    return {"prefix": bus.names.prefix, "group_id": group_id, "settings": settings,
+            "history_max": live.history_max, "inputs": [str(r) for r in INPUT_ROLES]}
+
+
+def _restore(snapshots: Snapshots, identity: dict[str, Any], live: LiveIncidents,
+             known: dict[str, bytes]) -> Offsets | None:
+    """The offsets to read on from, with ``live`` restored; None (said in one line): rebuild."""
+    where = snapshots.store.path
+    collecting = gc.isenabled()
+    gc.disable()  # a restore allocates millions of objects and frees none: no cycles to find
+    try:
+        snap = snapshots.store.read()
+        if snap is None:
+            log.info("incidents: no snapshot at %s; rebuilding from the log", where)
+            return None
+        problem = identity_problem(snap.identity, identity)
+        if problem is not None:
+            raise SnapshotError(problem)
+        if not snap.offsets:
+            raise SnapshotError("offsets: none")
+        missing = [i for job in snap.state.get("jobs", {}).values()
+                   for i in job.get("emitted", {}) if i not in known]
+        if missing:  # not this log (a new broker, a deleted topic): its offsets mean nothing
+            raise SnapshotError(f"emitted: {len(missing)} transition(s) not on the incidents "
+                                f"topic (e.g. {missing[0]}): a snapshot of another log")
+        live.restore(snap.state)
+    except SnapshotError as exc:
+        log.warning("incidents: snapshot %s not used (%s); rebuilding from the log", where, exc)
+        return None
+    except Exception as exc:  # whatever else: never a crash, never a crash loop
+        log.warning("incidents: snapshot %s not used (%s: %s); rebuilding from the log", where,
+                    type(exc).__name__, exc)
+        return None
+    finally:
+        if collecting:
+            gc.enable()
+    log.info("incidents: restored from %s (%d partitions' offsets, %d jobs)", where,
+             len(snap.offsets), len(snap.state.get("jobs", {})))
+    return snap.offsets
+
+
+async def _save(snapshots: Snapshots, identity: dict[str, Any], live: LiveIncidents,
+                consumer: EventSource, stats: ServiceStats) -> None:
+    """The state and the offsets it covers (taken together, after a commit); a failed write
+    is logged and the service goes on (the next start rebuilds or uses an older one)."""
+    try:
+        data = encode_snapshot(Snapshot(identity, await consumer.positions(), live.snapshot()))
+        await asyncio.to_thread(snapshots.store.write, data)
+    except Exception as exc:
+        log.error("incidents: writing the snapshot %s failed (%s: %s); going on",
+                  snapshots.store.path, type(exc).__name__, exc)
+        return
+    stats.snapshots += 1
