@@ -1,7 +1,10 @@
 """Every third-party module the code imports (at any depth: lazy imports too) is declared:
 trainguard's by its distribution's requirements (the extras included), and the SDK, which goes
 into training images, imports only the standard library and the frameworks it uses when present.
-Import names map to distributions through ``importlib.metadata.packages_distributions``."""
+Import names map to distributions through each installed distribution's files (what
+``packages_distributions`` reads from Python 3.11 on; 3.10's reads only ``top_level.txt``, which
+modern wheels lack); an import no installed distribution provides (torch in a venv without the
+workload extra) counts as declared when a requirement has its very name."""
 
 from __future__ import annotations
 
@@ -55,13 +58,29 @@ def declared(dist: str) -> set[str]:
     return out
 
 
+def module_distributions() -> dict[str, set[str]]:
+    """Top-level import name -> the (normalized) distributions installing it."""
+    out: dict[str, set[str]] = {}
+    for dist in md.distributions():
+        name = normalize(dist.metadata["Name"] or "")
+        tops = set((dist.read_text("top_level.txt") or "").split())
+        for f in dist.files or []:
+            first = f.parts[0] if f.parts else ""
+            if first.endswith((".dist-info", ".egg-info", ".data")) or first in ("..", ""):
+                continue
+            tops.add(first[:-3] if first.endswith(".py") else first.split(".")[0])
+        for top in tops:
+            out.setdefault(top, set()).add(name)
+    return out
+
+
 def undeclared(imports: dict[str, str], wanted: set[str]) -> list[str]:
-    by_module = md.packages_distributions()
+    by_module = module_distributions()
     out = []
     for top, where in sorted(imports.items()):
-        dists = {normalize(d) for d in by_module.get(top, [])}
+        dists = by_module.get(top) or {normalize(top)}  # not installed: its own name
         if not dists & wanted:
-            source = sorted(dists) or "no installed distribution"
+            source = sorted(dists)
             out.append(f"{where}: imports {top} (from {source}), not declared in "
                        f"{sorted(wanted)}")
     return out
@@ -73,6 +92,8 @@ def test_the_scan_finds_imports_and_the_mapping_knows_them() -> None:
     assert "os" not in found and "trainguard" not in found
     assert undeclared({"yaml": "x.py"}, {"pyyaml"}) == []  # import name != distribution name
     assert undeclared({"yaml": "x.py"}, {"pydantic"})  # and a miss is reported
+    assert undeclared({"nosuchmodule": "x.py"}, {"nosuchmodule"}) == []  # by its own name
+    assert undeclared({"nosuchmodule": "x.py"}, {"pydantic"})
 
 
 def test_every_import_of_the_service_is_declared() -> None:
