@@ -85,3 +85,12 @@ class Quarantines(Protocol):
     quarantines, before fencing them; a failure is logged, fencing goes on."""
 
     def quarantine(self, job: JobSpec, unit: str, reason: str) -> str: ...
+
+
+@runtime_checkable
+class UnitNodes(Protocol):
+    """A backend whose units are on nodes of their own (Slurm: a unit is a node). The executor
+    names that node in a unit's ``pool.unit`` events instead of the job spec's one node, so a
+    node-level verdict (``node_silent`` at ``tgn2``) finds the ranks bound there."""
+
+    def node_of(self, unit: str) -> str: ...

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from trainguard.actuators import cgroups
-from trainguard.actuators.backend import Backend, Quarantines, Replica
+from trainguard.actuators.backend import Backend, Quarantines, Replica, UnitNodes
 from trainguard.actuators.fencing import FenceError, is_stale
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
 from trainguard.actuators.journal import Intent, Journal, Phase, in_flight, phase_record
@@ -157,13 +157,15 @@ class Executor:
                    command_id: str | None = None, resources: FlatMap | None = None,
                    released: list[str] | None = None) -> None:
         spec = self.job.unit(unit)
-        payload = PoolUnit(unit=unit, state=state, node=self.job.node, labels=dict(spec.labels),
+        node = (self.backend.node_of(unit) if isinstance(self.backend, UnitNodes)
+                else self.job.node)
+        payload = PoolUnit(unit=unit, state=state, node=node, labels=dict(spec.labels),
                            rank=rank, epoch=epoch, pid=pid, command_id=command_id,
                            reason=reason, resources=resources or {"cpus": list(spec.cpus)},
                            released=released or [])
         self.emit(make_event(payload, event_id=new_event_id(), job_id=self.job.job_id,
                              event_time=now_us(), source=SOURCE,
-                             subject=Subject(node=self.job.node, unit=unit, rank=rank)))
+                             subject=Subject(node=node, unit=unit, rank=rank)))
 
     # --- the job --------------------------------------------------------------------------
 

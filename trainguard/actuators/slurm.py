@@ -193,6 +193,10 @@ class SlurmBackend:
             return "cancel unconfirmed, node set DOWN, confirmed gone or given up by Slurm"
         raise FenceError(f"step {rec.step_id}: still listed after KILL and its node DOWN")
 
+    def node_of(self, unit: str) -> str:
+        """A unit is a Slurm node: its ``pool.unit`` events are located there (``UnitNodes``)."""
+        return unit
+
     def drain(self, node: str, reason: str) -> None:
         """No new work on ``node``: Slurm keeps the reason (the incident id)."""
         self.cli.drain(node, reason)
