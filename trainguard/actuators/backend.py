@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
+from trainguard.events.payloads import StopProof
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Released:
     """What fencing a replica gave back: its process (confirmed dead) and the unit's resources."""
 
     items: tuple[str, ...]
-    how: str  # already_gone | sigterm | sigkill | not_ours (never signalled)
+    how: StopProof  # already_gone | sigterm | sigkill | not_ours (never signalled)
 
 
 StaleAction = Literal["killed", "already_gone", "discarded"]

@@ -44,6 +44,7 @@ from trainguard.actuators.slurm_steps import (
     step_record_of,
 )
 from trainguard.actuators.slurm_view import SlurmNode, SlurmPool, pool
+from trainguard.events.payloads import StopProof
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,8 @@ class SlurmBackend:
         rec = self.step_of(job, replica.rank, replica.epoch)
         if rec is None or not rec.step_id or rec.unit != replica.unit:
             return Released((f"rank {replica.rank} epoch {replica.epoch} on {replica.unit}: "
-                             "not a step this actuator submitted: not cancelled",), "not_ours")
+                             "not a step this actuator submitted: not cancelled",),
+                            StopProof.NOT_OURS)
         try:
             how = self._fence_step(job, rec)
         except SlurmCliError as exc:
@@ -155,8 +157,10 @@ class SlurmBackend:
         if popen is not None:
             _end(popen)
         return Released((f"slurm step {rec.step_id} ({rec.name}) on {rec.unit}: {how}",
-                         f"node {rec.unit}"), "already_gone" if how == "already gone" else
-                        "sigkill" if "KILL" in how or "DOWN" in how else "sigterm")
+                         f"node {rec.unit}"),
+                        StopProof.ALREADY_GONE if how == "already gone" else
+                        StopProof.SIGKILL if "KILL" in how or "DOWN" in how else
+                        StopProof.SIGTERM)
 
     def _fence_step(self, job: JobSpec, rec: StepRecord) -> str:
         cli = self.cli

@@ -13,8 +13,6 @@ mount table, so every node sees it, as every node sees the job's reliable storag
 from __future__ import annotations
 
 import contextlib
-import re
-import shutil
 import subprocess
 import sys
 import time
@@ -38,18 +36,6 @@ def host_veth(info: ClusterInfo, node: str) -> str:
     """The bridge end of a node's link (``dev.slurm``: ``tgsv<i>``, nodes in order from 1)."""
     names = [n.name for n in info.nodes]
     return f"tgsv{names.index(node) + 1}"
-
-
-def _drop_links() -> None:
-    """Node links that outlived their namespace: a namespace's deletion can leave its veth's
-    bridge end behind (seen here after a node-loss drill), and the next start then fails on
-    ``ip link add tgsv1``. Deleting one end deletes both."""
-    shown = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True,
-                           check=False).stdout
-    for line in shown.splitlines():
-        name = line.split(":")[1].strip().split("@")[0] if line.count(":") >= 2 else ""
-        if re.fullmatch(r"tgsv\d+", name):
-            subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
 
 
 @dataclass(frozen=True)
@@ -128,11 +114,9 @@ class ClusterSite:
         self.info: ClusterInfo | None = None
 
     def __enter__(self) -> ClusterSite:
-        self.cluster.stop()  # whatever a crashed or earlier run left
-        _drop_links()
-        # an earlier run's agents spooled records for its own topic prefix, which this run's
-        # fresh broker lacks: replayed first, they would hold back every new record
-        shutil.rmtree(self.cluster.root / "agents", ignore_errors=True)
+        # whatever a crashed or earlier run left (daemons, namespaces, stray node links, the
+        # agents' spools) is swept by the fresh start
+        self.cluster.stop()
         try:
             self.info = self.cluster.start(SPEC, timeout_s=90, agents=AgentPlan(
                 prefix=self.prefix, interval_s=AGENT_INTERVAL_S))
@@ -148,7 +132,6 @@ class ClusterSite:
             subprocess.run(["ip", "link", "set", host_veth(self.require(), node), "up"],
                            capture_output=True, check=False)
         self.cluster.stop()
-        _drop_links()
         self.say("[cluster] Slurm cluster stopped (daemons, agents, namespaces, broker)")
 
     def require(self) -> ClusterInfo:

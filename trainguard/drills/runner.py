@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -200,7 +201,8 @@ class _Live:
     res: ScenarioRun
     bar: Progress
     ckpt: Path
-    fs: LoopFs
+    fs: LoopFs | None  # None on the cluster: its shared directory (``_checkpoint_root``)
+    mountpoint: Path
     lab: VethLab | None
     census: Census
     tail: LogTail
@@ -229,8 +231,7 @@ def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
     artifacts: Artifacts | None = None
     window_close = 0
     with contextlib.ExitStack() as teardown:
-        live, spec_text = _set_up(teardown, stack, scenario, job, res, run_id, say)
-        live.site = site
+        live, spec_text = _set_up(teardown, stack, scenario, job, res, run_id, say, site)
         try:
             _start_and_freeze(live, run_id, spec_text, signer)
             _inject(live, run_id)
@@ -251,18 +252,35 @@ def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
     return _record(stack, res)
 
 
+def _checkpoint_root(teardown: contextlib.ExitStack, sdir: Path, job_id: str,
+                     site: ClusterSite | None) -> tuple[LoopFs | None, Path]:
+    """Where the job's checkpoints go: a loop-mounted ext4 of the scenario's own (the storage
+    faults act on it), or on the cluster a plain directory of its shared one. ``slurmd`` runs
+    under ``ip netns exec``, which gives it a mount namespace of its own: a file system
+    mounted after the cluster started is invisible to its steps, which would write to the
+    directory underneath. Returns (the loop fs or None, its mount point or the directory)."""
+    if site is not None:
+        root = Path(site.require().shared_dir) / "drills" / job_id
+        root.mkdir(parents=True)
+        teardown.callback(shutil.rmtree, root, True)
+        return None, root
+    fs = teardown.enter_context(LoopFs(sdir / "ckpt.img", sdir / "ckpt"))
+    return fs, fs.mountpoint
+
+
 def _set_up(teardown: contextlib.ExitStack, stack: LocalStack, scenario: Scenario,
-            job: DrillJob, res: ScenarioRun, run_id: str, say: Say) -> tuple[_Live, str]:
+            job: DrillJob, res: ScenarioRun, run_id: str, say: Say,
+            site: ClusterSite | None = None) -> tuple[_Live, str]:
     """The scenario's file system, lab, job spec and watchers, each registered for teardown in
     the order it must be undone (last registered, first undone)."""
     sdir = res.dir
     bar = Progress(say, scenario.observe.timeout_s + scenario.duration_s + 90)
     teardown.callback(bar.done)
     lab = _lab(scenario, job, sdir)
-    fs = teardown.enter_context(LoopFs(sdir / "ckpt.img", sdir / "ckpt"))
+    fs, mountpoint = _checkpoint_root(teardown, sdir, res.job_id, site)
     if lab is not None:
         teardown.enter_context(lab)
-    ckpt = fs.mountpoint / "job"
+    ckpt = mountpoint / "job"
     ckpt.mkdir()
     spec_text = job.write_spec(sdir / "job.yaml", job_id=res.job_id, ckpt_dir=ckpt,
                                run_dir=sdir, node=stack.node, agent_socket=stack.agent_socket,
@@ -278,7 +296,7 @@ def _set_up(teardown: contextlib.ExitStack, stack: LocalStack, scenario: Scenari
     census.start()
     teardown.callback(census.stop)
     live = _Live(stack=stack, scenario=scenario, job=job, res=res, bar=bar, ckpt=ckpt, fs=fs,
-                 lab=lab, census=census, tail=tail, rec=rec)
+                 mountpoint=mountpoint, lab=lab, census=census, tail=tail, rec=rec, site=site)
     return live, spec_text
 
 
@@ -299,7 +317,7 @@ def _inject(live: _Live, run_id: str) -> None:
     """The fault (and its trigger), each an ``injection`` event."""
     scenario = live.scenario
     target = Target(pids=live.census.pids, node_ranks=_node_ranks(live.job), ckpt_root=live.ckpt,
-                    mountpoint=live.fs.mountpoint, image=live.fs.image,
+                    mountpoint=live.mountpoint, image=live.fs.image if live.fs else None,
                     broker=live.stack.broker, tag=run_id, lab=live.lab,
                     cluster_nodes=live.site.node_veth() if live.site else None)
     inj = build(scenario.fault, target, scenario.rollback.action)

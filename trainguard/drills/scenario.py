@@ -99,6 +99,10 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
 # ranks launched as steps by the slurm backend). Faults that need the cluster:
 STACKS: Final = ("local", "slurm")
 CLUSTER_ONLY: Final = frozenset({"cluster_node_loss"})
+# ... and those that act on the drill's loop-mounted checkpoint file system, which only the
+# local stack has (the cluster's checkpoints are in its shared directory: ``slurmd`` runs in
+# its own mount namespace and would not see a file system mounted after it started)
+LOOP_FS_ONLY: Final = frozenset({"storage_stall", "storage_loss"})
 
 STOP_KINDS: Final = {"no_progress_s": (int, float), "restarts_over": int, "replicas_over": int,
                      "wall_s": (int, float)}
@@ -257,6 +261,9 @@ def parse_scenario(doc: Any, where: str = "<memory>") -> Scenario:
     if fault.kind in CLUSTER_ONLY and stack != "slurm":
         raise ctx.fail("stack", f"{fault.kind} needs the cluster: stack must be slurm "
                        f"(got {stack!r})")
+    if fault.kind in LOOP_FS_ONLY and stack != "local":
+        raise ctx.fail("stack", f"{fault.kind} acts on the drill's loop-mounted file system, "
+                       f"which only the local stack has: stack must be local (got {stack!r})")
     trigger = None
     if "trigger" in top:
         if fault.kind not in TRIGGERED_KINDS:

@@ -73,7 +73,7 @@ def evaluate(inp: EvidenceInput) -> Evaluation:
         results.checkpoint_files_intact(log, inp.artifacts),
     ]
     if inp.slurm is not None:
-        checks += slurm_checks(inp.slurm)
+        checks += slurm_checks(inp.slurm, log)
     exp = expectations(log, inp.expect, inp.lost_node)
     fault = log.fault_start() or 0
     escalated = any(isinstance(e.payload, Command) and e.payload.action is CommandAction.ESCALATE

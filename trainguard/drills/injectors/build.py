@@ -30,7 +30,7 @@ class Target:
     node_ranks: Callable[[str], set[int]]
     ckpt_root: Path
     mountpoint: Path
-    image: Path
+    image: Path | None  # the loop image under ``mountpoint`` (None: a plain directory)
     broker: KafkaBroker
     tag: str
     lab: VethLab | None = None
@@ -69,9 +69,13 @@ def build(fault: Fault, target: Target, rollback: str = "none") -> Injector:
                                  f"cluster ({sorted(target.cluster_nodes or {})})")
         netns, veth = target.cluster_nodes[fault.node]
         return cluster.ClusterNodeLoss(fault.node, netns, veth)
+    if fault.kind in ("storage_stall", "storage_loss") and target.image is None:
+        raise InjectionError(f"{fault.kind}: {target.mountpoint} is a plain directory, not "
+                             "the drill's loop-mounted file system")
     if fault.kind == "storage_stall":
         return storage.FsFreeze(target.mountpoint)
     if fault.kind == "storage_loss":
+        assert target.image is not None
         return storage.ReadOnly(target.mountpoint, str(p["method"]), target.image)
     if fault.kind == "checkpoint_corruption":
         return checkpoint.CorruptNewest(target.ckpt_root, str(p["mode"]),
