@@ -14,9 +14,10 @@ from trainguard.drills.evidence.resources import (
     binding_kept_quota_and_permissions,
     old_resources_released,
 )
+from trainguard.drills.evidence.slurm import slurm_checks
 from trainguard.drills.synth import JOB, Knobs, synth_drill
 from trainguard.events.envelope import Event
-from trainguard.events.payloads import PoolUnit, StopProof, UnitState
+from trainguard.events.payloads import Command, PoolUnit, StopProof, UnitState, Verdict
 
 SRUN = 9000  # the srun clients' pids: 9000 + 100 * epoch + rank
 
@@ -64,3 +65,38 @@ def test_the_uid_of_an_srun_binding_is_the_rank_process_s() -> None:
     assert c.status is Status.FAIL and "uid 0 -> 1000" in c.detail
     unseen = dataclasses.replace(art, uids={})
     assert binding_kept_quota_and_permissions(log, unseen).status is Status.UNEXPLAINED
+
+
+def _facts(log: JobLog) -> dict[str, object]:
+    """Slurm's word as the runner reads it, on the synthetic drill's units and command."""
+    cmd = log.commands[0].payload
+    assert isinstance(cmd, Command)
+    return {"node": "u1", "node_state": "down DRAIN NOT_RESPONDING",
+            "node_reason": f"trainguard {cmd.command_id} verdicts v1",
+            "steps": [{"rank": 1, "epoch": 1, "step_id": "1.1", "listed": True,
+                       "listed_state": "RUNNING", "gone": True}],
+            "spare_steps": [{"rank": 1, "epoch": 2, "step_id": "1.7", "unit": "spare0",
+                             "listed": True}]}
+
+
+def test_the_slurm_checks_cite_the_events_slurm_bears_out() -> None:
+    log, _ = slurm_shaped(StopProof.SIGKILL)
+    facts = _facts(log)
+    checks = {c.name: c for c in slurm_checks(facts, log)}
+    assert all(c.status is Status.PASS for c in checks.values()), checks
+    fenced = {e.event_id for e in log.unit_events(UnitState.FENCED)
+              if isinstance(e.payload, PoolUnit) and e.payload.unit == "u1"}
+    assert set(checks["slurm:old_steps_gone"].event_ids) == fenced and fenced
+    named = {log.commands[0].event_id} | {
+        e.event_id for e in log.verdicts
+        if isinstance(e.payload, Verdict) and e.payload.verdict_id == "v1"}
+    assert set(checks["slurm:lost_node_out_of_service"].event_ids) == named
+    assert len(named) >= 2  # the command and the verdict the reason names
+    bound = checks["slurm:spare_bound"].event_ids
+    assert len(bound) == 1 and bound[0] in {e.event_id for e in log.unit_events(UnitState.BOUND)}
+    # a step still alive, a reason not trainguard's, no step on a spare: each fails
+    alive = {**facts, "steps": [{**facts["steps"][0], "gone": False}]}  # type: ignore[index]
+    assert slurm_checks(alive, log)[0].status is Status.FAIL
+    other = {**facts, "node_reason": "Not responding"}
+    assert slurm_checks(other, log)[1].status is Status.FAIL
+    assert slurm_checks({**facts, "spare_steps": []}, log)[2].status is Status.FAIL

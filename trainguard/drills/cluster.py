@@ -6,8 +6,10 @@ The job is the reference workload (``trainguard.workload.ddp``), one rank per no
 Slurm step the actuator (``--backend slurm``) starts with ``srun``; the step runs in its node's
 namespace, reports through its own node's agent (``TRAINGUARD_AGENT_SOCKET`` set per node), and
 meets its peers over the namespace network (gloo on ``eth0``, rank 0's node address as master).
-The checkpoint directory is the drill's loop-mounted file system: network namespaces share the
-mount table, so every node sees it, as every node sees the job's reliable storage in production.
+The checkpoint directory is a plain directory of the cluster's shared one, which every node
+sees, as every node sees the job's reliable storage in production (not the local drills' loop
+file system: ``slurmd`` runs under ``ip netns exec``, in a mount namespace of its own, and a
+file system mounted after it started is invisible to its steps).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def lost_node_out_of_service(facts: Mapping[str, Any], log: JobLog) -> Check:
     job that the reason names (``trainguard <command id> verdicts <verdict ids>``)."""
     node = str(facts.get("node", "?"))
     state, reason = str(facts.get("node_state", "")), str(facts.get("node_reason", ""))
-    words = set(re.findall(r"[0-9a-f]{16,}", reason))
+    words = set(re.split(r"[\s;,:]+", reason))
     cited = [e for e in log.commands if isinstance(e.payload, Command)
              and e.payload.command_id in words]
     cited += [e for e in log.verdicts if isinstance(e.payload, Verdict)
