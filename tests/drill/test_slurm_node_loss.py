@@ -44,8 +44,8 @@ def test_slurm_node_loss_recovers_automatically_on_the_spare() -> None:
     meta = json.loads((run_dir / "run.json").read_text())
     sdir = run_dir / NAME
     ev = Evaluation.from_dict(json.loads((sdir / "evaluation.json").read_text()))
-    checks = {c.name: c for c in ev.checks}
-    detail = [(c.name, c.status.value, c.detail) for c in ev.checks]
+    checks = {c.name: c for c in (*ev.checks, *ev.expectations)}
+    detail = [(c.name, c.status.value, c.detail) for c in (*ev.checks, *ev.expectations)]
     assert meta["scenarios"][NAME]["abort"] is None, meta["scenarios"][NAME]
     assert ev.conclusion.value == "recovered automatically", (ev.reasons, detail)
     events = [decode(line) for line in (sdir / "events.jsonl").read_bytes().splitlines()]
