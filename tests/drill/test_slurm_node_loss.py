@@ -22,11 +22,6 @@ from trainguard.drills.scenario import resolve
 from trainguard.drills.verify import verify_run
 from trainguard.events.codec import decode
 
-# Not `drill` yet: the loop recovers (node_silent -> migrate -> spare bound, old step gone), but
-# three checks still assume the local backend (see the report of wt/slurmdrill); `cluster` is
-# a marker no CI tier runs.
-pytestmark = pytest.mark.cluster
-
 NAME = "slurm-node-loss"
 
 
