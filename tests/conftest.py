@@ -21,6 +21,8 @@ TIERS = ("unit", "integration", "drill")
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if item.get_closest_marker("cluster") is not None:
+            continue  # the Slurm cluster's drills: run by name (-m cluster), in no tier yet
         parts = item.path.parts
         for tier in TIERS:
             if tier in parts and "tests" in parts:

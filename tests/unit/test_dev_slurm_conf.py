@@ -18,6 +18,7 @@ from trainguard.dev.slurm import (
     SlurmError,
     agent_argv,
     bridge_listeners,
+    node_links,
     parse_node_states,
     slurm_conf,
 )
@@ -93,3 +94,13 @@ def test_cluster_info_round_trips_with_and_without_agents() -> None:
 def test_an_agent_interval_below_the_agents_own_minimum_is_refused() -> None:
     with pytest.raises(SlurmError, match="interval_s"):
         AgentPlan(interval_s=0.01)
+
+
+def test_node_links_are_found_in_ip_link_show_output() -> None:
+    shown = ("1: lo: <LOOPBACK,UP> mtu 65536 qdisc noqueue state UNKNOWN\n"
+             "7: tgsv1@if2: <BROADCAST,MULTICAST> mtu 1500 master tgsbr0 state DOWN\n"
+             "8: tgsbr0: <BROADCAST,MULTICAST,UP> mtu 1500 state UP\n"
+             "9: tgsv12@if3: <BROADCAST> mtu 1500 state DOWN\n"
+             "10: tgsvx@if4: <BROADCAST> mtu 1500\n")
+    assert node_links(shown) == ["tgsv1", "tgsv12"]
+    assert node_links("") == []

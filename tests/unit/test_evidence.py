@@ -18,7 +18,7 @@ from trainguard.drills.evidence.evaluate import Evaluation
 from trainguard.drills.evidence.model import Artifacts, Status
 from trainguard.drills.scenario import Expect
 from trainguard.drills.synth import JOB, Knobs, synth_drill
-from trainguard.events.payloads import VerdictKind
+from trainguard.events.payloads import StepReport, VerdictKind
 
 EXPECT = Expect(verdicts=(VerdictKind.PROCESS_EXIT,), actions=("migrate",), resumed=True,
                 incident="recovered")
@@ -284,3 +284,27 @@ def test_a_corrupt_step_written_again_is_valid_for_a_later_restart() -> None:
     assert not isinstance(got, str)
     assert [(r.epoch, r.expected_step, r.corrupt_steps) for r in got] == [
         (2, 10, (20,)), (3, 20, ())]
+
+
+def _drop_reports(events: list[Any], ranks: set[int], steps: range) -> list[Any]:
+    """The log without the epoch-1 step reports of ``ranks`` at ``steps``."""
+    return [e for e in events if not (
+        isinstance(e.payload, StepReport) and e.payload.rank in ranks
+        and e.payload.binding_epoch == 1 and e.payload.step in steps)]
+
+
+def test_reports_lost_with_a_node_are_not_skipped_steps_when_its_peers_ran_them() -> None:
+    """A lost node's agent dies with its ranks' last reports: rank 1's epoch 1 ends on the log
+    at step 19, epoch 2 resumes from checkpoint 20 at step 21. Its peers reported step 20 in
+    lockstep, so it ran it; had nobody reported step 20, the step was skipped."""
+    events, b, a = synth_drill(Knobs())
+    lost = _drop_reports(events, {1}, range(20, 26))
+    ev = evaluate(EvidenceInput(JOB, lost, EXPECT, 1e-3, 10, b, a))
+    check = next(c for c in ev.checks if c.name == "no_step_skipped")
+    assert check.status is Status.PASS, check.detail
+    assert "rank 1: no report of epoch 1 steps 20..20 reached the log" in check.detail
+    assert ev.conclusion is Conclusion.RECOVERED_AUTOMATICALLY, ev.reasons
+    skipped = _drop_reports(events, {0, 1, 2}, range(20, 26))
+    ev = evaluate(EvidenceInput(JOB, skipped, EXPECT, 1e-3, 10, b, a))
+    check = next(c for c in ev.checks if c.name == "no_step_skipped")
+    assert check.status is Status.FAIL and "epoch 1 ended at step 19" in check.detail

@@ -165,3 +165,13 @@ def test_a_trigger_is_only_for_checkpoint_corruption_and_only_a_worker_exit() ->
     with pytest.raises(ScenarioError) as info:
         parse_scenario(corrupt)
     assert info.value.field == "trigger.target.rank"
+
+
+@pytest.mark.parametrize("name", ["r3-storage-stall", "r3-storage-loss"])
+def test_a_storage_fault_needs_the_local_stack_s_loop_file_system(name: str) -> None:
+    path = next(p for p in resolve([name]) if p.name == name).source
+    doc = yaml.safe_load(Path(path).read_text())
+    assert parse_scenario(doc).stack == "local"
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario({**doc, "stack": "slurm"}, "drills/x.yaml")
+    assert info.value.field == "stack" and "loop-mounted" in info.value.reason

@@ -43,6 +43,7 @@ from trainguard.events.payloads import (
     PoolUnit,
     RaiseQuotaParams,
     Severity,
+    StopProof,
     UnitState,
     Verdict,
     VerdictKind,
@@ -203,7 +204,7 @@ class FakeBackend:
 
     def fence(self, job: JobSpec, replica: Replica) -> Released:
         self.replicas.pop(replica.rank, None)
-        return Released((replica.unit,), "sigterm")
+        return Released((replica.unit,), StopProof.SIGTERM)
 
     def live(self, job: JobSpec) -> list[Replica]:
         return list(self.replicas.values())

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
+from trainguard.events.payloads import StopProof
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Released:
     """What fencing a replica gave back: its process (confirmed dead) and the unit's resources."""
 
     items: tuple[str, ...]
-    how: str  # already_gone | sigterm | sigkill | not_ours (never signalled)
+    how: StopProof  # already_gone | sigterm | sigkill | not_ours (never signalled)
 
 
 StaleAction = Literal["killed", "already_gone", "discarded"]
@@ -85,3 +86,12 @@ class Quarantines(Protocol):
     quarantines, before fencing them; a failure is logged, fencing goes on."""
 
     def quarantine(self, job: JobSpec, unit: str, reason: str) -> str: ...
+
+
+@runtime_checkable
+class UnitNodes(Protocol):
+    """A backend whose units are on nodes of their own (Slurm: a unit is a node). The executor
+    names that node in a unit's ``pool.unit`` events instead of the job spec's one node, so a
+    node-level verdict (``node_silent`` at ``tgn2``) finds the ranks bound there."""
+
+    def node_of(self, unit: str) -> str: ...

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from trainguard.actuators import cgroups
-from trainguard.actuators.backend import Backend, Quarantines, Replica
+from trainguard.actuators.backend import Backend, Quarantines, Replica, UnitNodes
 from trainguard.actuators.fencing import FenceError, is_stale
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
 from trainguard.actuators.journal import Intent, Journal, Phase, in_flight, phase_record
@@ -81,6 +81,7 @@ from trainguard.events.payloads import (
     RestartData,
     RetryCondition,
     StepReport,
+    StopProof,
     UnitState,
 )
 
@@ -155,15 +156,18 @@ class Executor:
     def unit_event(self, unit: str, state: UnitState, *, reason: str = "",
                    rank: int | None = None, epoch: int | None = None, pid: int | None = None,
                    command_id: str | None = None, resources: FlatMap | None = None,
-                   released: list[str] | None = None) -> None:
+                   released: list[str] | None = None, stopped: StopProof | None = None
+                   ) -> None:
         spec = self.job.unit(unit)
-        payload = PoolUnit(unit=unit, state=state, node=self.job.node, labels=dict(spec.labels),
+        node = (self.backend.node_of(unit) if isinstance(self.backend, UnitNodes)
+                else self.job.node)
+        payload = PoolUnit(unit=unit, state=state, node=node, labels=dict(spec.labels),
                            rank=rank, epoch=epoch, pid=pid, command_id=command_id,
                            reason=reason, resources=resources or {"cpus": list(spec.cpus)},
-                           released=released or [])
+                           released=released or [], stopped=stopped)
         self.emit(make_event(payload, event_id=new_event_id(), job_id=self.job.job_id,
                              event_time=now_us(), source=SOURCE,
-                             subject=Subject(node=self.job.node, unit=unit, rank=rank)))
+                             subject=Subject(node=node, unit=unit, rank=rank)))
 
     # --- the job --------------------------------------------------------------------------
 
@@ -241,7 +245,7 @@ class Executor:
             why = reason + (" (quarantined)" if rep.unit in quarantine else "")
             self.unit_event(rep.unit, UnitState.FENCED, rank=rep.rank, epoch=rep.epoch,
                             pid=rep.pid, command_id=command_id, reason=why,
-                            released=list(rel.items))
+                            released=list(rel.items), stopped=rel.how)
             released.extend(rel.items)
             if n == 0:
                 self._fault("fenced-1")
@@ -308,7 +312,7 @@ class Executor:
                     " (quarantined)" if old.unit in intent.quarantine else "")
                 self.unit_event(old.unit, UnitState.FENCED, rank=rank, epoch=old.epoch,
                                 pid=old.pid, command_id=command_id, reason=why,
-                                released=list(rel.items))
+                                released=list(rel.items), stopped=rel.how)
         bound = self.pool.bound(self.job.job_id)
         for rep in live:
             now = bound.get(rep.rank)

@@ -45,6 +45,7 @@ from trainguard.actuators.fencing import (
 )
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.journal import Journal, ReplicaRecord, replicas
+from trainguard.events.payloads import StopProof
 
 log = logging.getLogger(__name__)
 
@@ -208,12 +209,12 @@ class LocalBackend:
         if rec is None:
             items = [f"process {replica.pid}: not a replica this actuator started (no record "
                      "in its journal): not signalled"]
-            how = "not_ours"
+            how = StopProof.NOT_OURS
         else:
             popen = self._children.pop(replica.pid, None)
             stopped = stop_process(_identity(rec), job.grace_s, popen=popen)
             items = [stopped.describe()]
-            how = stopped.how
+            how = StopProof(stopped.how)
         unit = job.unit(replica.unit)
         if self.use_cgroups:
             try:

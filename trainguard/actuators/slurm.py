@@ -44,6 +44,7 @@ from trainguard.actuators.slurm_steps import (
     step_record_of,
 )
 from trainguard.actuators.slurm_view import SlurmNode, SlurmPool, pool
+from trainguard.events.payloads import StopProof
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,8 @@ class SlurmBackend:
         rec = self.step_of(job, replica.rank, replica.epoch)
         if rec is None or not rec.step_id or rec.unit != replica.unit:
             return Released((f"rank {replica.rank} epoch {replica.epoch} on {replica.unit}: "
-                             "not a step this actuator submitted: not cancelled",), "not_ours")
+                             "not a step this actuator submitted: not cancelled",),
+                            StopProof.NOT_OURS)
         try:
             how = self._fence_step(job, rec)
         except SlurmCliError as exc:
@@ -155,8 +157,10 @@ class SlurmBackend:
         if popen is not None:
             _end(popen)
         return Released((f"slurm step {rec.step_id} ({rec.name}) on {rec.unit}: {how}",
-                         f"node {rec.unit}"), "already_gone" if how == "already gone" else
-                        "sigkill" if "KILL" in how or "DOWN" in how else "sigterm")
+                         f"node {rec.unit}"),
+                        StopProof.ALREADY_GONE if how == "already gone" else
+                        StopProof.SIGKILL if "KILL" in how or "DOWN" in how else
+                        StopProof.SIGTERM)
 
     def _fence_step(self, job: JobSpec, rec: StepRecord) -> str:
         cli = self.cli
@@ -192,6 +196,10 @@ class SlurmBackend:
         if self.gone(rec.step_id, timeout_s=30):
             return "cancel unconfirmed, node set DOWN, confirmed gone or given up by Slurm"
         raise FenceError(f"step {rec.step_id}: still listed after KILL and its node DOWN")
+
+    def node_of(self, unit: str) -> str:
+        """A unit is a Slurm node: its ``pool.unit`` events are located there (``UnitNodes``)."""
+        return unit
 
     def drain(self, node: str, reason: str) -> None:
         """No new work on ``node``: Slurm keeps the reason (the incident id)."""

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -169,6 +170,25 @@ class ClusterInfo:
                            agents_bootstrap=_opt_str(doc.get("agents_bootstrap")),
                            agents_prefix=_opt_str(doc.get("agents_prefix")),
                            agents_interval_s=float(str(doc.get("agents_interval_s", 1.0))))
+
+
+def node_links(ip_link_show: str) -> list[str]:
+    """The head ends of node links (``tgsv<i>``) in ``ip -o link show``'s output."""
+    out = []
+    for line in ip_link_show.splitlines():
+        parts = line.split(":")
+        if len(parts) >= 3:
+            name = parts[1].strip().split("@")[0]
+            if re.fullmatch(r"tgsv\d+", name):
+                out.append(name)
+    return out
+
+
+def _node_links() -> list[str]:
+    """Node links that outlived their namespace: deleting a namespace can leave its veth's
+    bridge end behind (seen after a node-loss drill downed the link), and the next start
+    then fails on ``ip link add tgsv1``. Deleting one end deletes both."""
+    return node_links(_run(["ip", "-o", "link", "show"], check=False).stdout)
 
 
 def _opt_str(value: object) -> str | None:
@@ -342,6 +362,7 @@ class SlurmCluster:
                 self.start_agents(running)  # any agent that is gone
             return running
         self.stop()
+        self._clear_spools()
         self._write_files(spec)
         self._network(spec)
         self._start_munge()
@@ -456,6 +477,12 @@ class SlurmCluster:
                 start_new_session=True)
         (home / "agent.pid").write_text(str(proc.pid))  # `ip netns exec` execs the agent
         return proc.pid
+
+    def _clear_spools(self) -> None:
+        """An earlier cluster's agents spooled records under its own topic prefix, which a
+        fresh cluster's broker lacks: replayed first, they would hold back every new record."""
+        for spool in (self.root / "agents").glob("*/spool"):
+            shutil.rmtree(spool, ignore_errors=True)
 
     def stop_agents(self) -> bool:
         return _stop_pid_files(sorted((self.root / "agents").glob("*/agent.pid")))
@@ -575,6 +602,9 @@ class SlurmCluster:
         if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
             found = True
             _run(["ip", "link", "del", BRIDGE], check=False)
+        for link in _node_links():
+            found = True
+            _run(["ip", "link", "del", link], check=False)
         with contextlib.suppress(OSError):
             self.info_file.unlink()
         return found

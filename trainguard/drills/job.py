@@ -72,6 +72,13 @@ class DrillJob:
                 "env": {"TRAINGUARD_AGENT_SOCKET": str(agent_socket), **THREADS},
                 "log_dir": str(run_dir / "ranks"), "units": self.units()}
 
+    def actuator_args(self) -> list[str]:
+        """Extra ``trainguard actuator`` arguments (the backend): none for the local one."""
+        return []
+
+    def actuator_env(self) -> dict[str, str]:
+        return {}
+
     def write_spec(self, path: Path, **kw: Any) -> str:
         text = yaml.safe_dump(self.spec(**kw), sort_keys=True)
         path.write_text(text)

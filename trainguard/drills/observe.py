@@ -17,6 +17,9 @@ from trainguard_sdk.checkpoint.store import QUARANTINE, STEP_DIR_RE, CheckpointS
 from trainguard.drills.evidence.model import Artifacts, CheckpointFile
 
 _TMP_RE = re.compile(r"^\..*\.tmp-")
+# Launcher clients that carry a rank's environment but are not the rank: Slurm's ``srun`` on
+# the head forwards a step's I/O, the replica itself runs on the node.
+CLIENTS = frozenset({"srun"})
 
 
 @dataclass
@@ -41,6 +44,13 @@ def _environ(pid: int) -> dict[str, str]:
         if sep and k.startswith(b"TRAINGUARD_"):
             out[k.decode()] = v.decode(errors="replace")
     return out
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def _status(pid: int) -> tuple[str, int, int] | None:
@@ -98,6 +108,9 @@ class Census(threading.Thread):
                 if env.get("TRAINGUARD_JOB_ID") != self.job_id:
                     # not (yet: a forked child shows its parent's environment until exec)
                     self._skip[pid] = now + 0.5
+                    continue
+                if _comm(pid) in CLIENTS:
+                    self._skip[pid] = float("inf")
                     continue
                 st = _status(pid)
                 if st is None:

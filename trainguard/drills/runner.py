@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ from typing import Any
 from trainguard.dev.kafka import KafkaBroker
 from trainguard.dev.paths import state_dir
 from trainguard.drills.baseline import code_version, freeze, load_or_run_baseline, runtime
+from trainguard.drills.cluster import ClusterJob, ClusterSite
 from trainguard.drills.evidence import EvidenceInput, evaluate
 from trainguard.drills.evidence.evaluate import Evaluation
 from trainguard.drills.evidence.model import Artifacts, Baseline
@@ -199,7 +201,8 @@ class _Live:
     res: ScenarioRun
     bar: Progress
     ckpt: Path
-    fs: LoopFs
+    fs: LoopFs | None  # None on the cluster: its shared directory (``_checkpoint_root``)
+    mountpoint: Path
     lab: VethLab | None
     census: Census
     tail: LogTail
@@ -210,10 +213,12 @@ class _Live:
     fault_us: int = 0
     window_open: int | None = None
     last_progress: tuple[int, int] = (0, 0)  # (when, max step) of the last progress seen
+    site: ClusterSite | None = None  # the Slurm cluster the job runs on (stack: slurm)
 
 
 def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
-            run_id: str, say: Say, signer: str) -> ScenarioRun:
+            run_id: str, say: Say, signer: str, site: ClusterSite | None = None
+            ) -> ScenarioRun:
     """One scenario, in phases: set up (a context-manager stack whose unwinding is the
     teardown), start and freeze, inject, observe until stable, close the window; then record.
     A stop condition or a failed injection aborts (and rolls back); the teardown always runs."""
@@ -226,7 +231,7 @@ def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
     artifacts: Artifacts | None = None
     window_close = 0
     with contextlib.ExitStack() as teardown:
-        live, spec_text = _set_up(teardown, stack, scenario, job, res, run_id, say)
+        live, spec_text = _set_up(teardown, stack, scenario, job, res, run_id, say, site)
         try:
             _start_and_freeze(live, run_id, spec_text, signer)
             _inject(live, run_id)
@@ -247,18 +252,35 @@ def run_one(stack: LocalStack, scenario: Scenario, job: DrillJob, run_dir: Path,
     return _record(stack, res)
 
 
+def _checkpoint_root(teardown: contextlib.ExitStack, sdir: Path, job_id: str,
+                     site: ClusterSite | None) -> tuple[LoopFs | None, Path]:
+    """Where the job's checkpoints go: a loop-mounted ext4 of the scenario's own (the storage
+    faults act on it), or on the cluster a plain directory of its shared one. ``slurmd`` runs
+    under ``ip netns exec``, which gives it a mount namespace of its own: a file system
+    mounted after the cluster started is invisible to its steps, which would write to the
+    directory underneath. Returns (the loop fs or None, its mount point or the directory)."""
+    if site is not None:
+        root = Path(site.require().shared_dir) / "drills" / job_id
+        root.mkdir(parents=True)
+        teardown.callback(shutil.rmtree, root, True)
+        return None, root
+    fs = teardown.enter_context(LoopFs(sdir / "ckpt.img", sdir / "ckpt"))
+    return fs, fs.mountpoint
+
+
 def _set_up(teardown: contextlib.ExitStack, stack: LocalStack, scenario: Scenario,
-            job: DrillJob, res: ScenarioRun, run_id: str, say: Say) -> tuple[_Live, str]:
+            job: DrillJob, res: ScenarioRun, run_id: str, say: Say,
+            site: ClusterSite | None = None) -> tuple[_Live, str]:
     """The scenario's file system, lab, job spec and watchers, each registered for teardown in
     the order it must be undone (last registered, first undone)."""
     sdir = res.dir
     bar = Progress(say, scenario.observe.timeout_s + scenario.duration_s + 90)
     teardown.callback(bar.done)
     lab = _lab(scenario, job, sdir)
-    fs = teardown.enter_context(LoopFs(sdir / "ckpt.img", sdir / "ckpt"))
+    fs, mountpoint = _checkpoint_root(teardown, sdir, res.job_id, site)
     if lab is not None:
         teardown.enter_context(lab)
-    ckpt = fs.mountpoint / "job"
+    ckpt = mountpoint / "job"
     ckpt.mkdir()
     spec_text = job.write_spec(sdir / "job.yaml", job_id=res.job_id, ckpt_dir=ckpt,
                                run_dir=sdir, node=stack.node, agent_socket=stack.agent_socket,
@@ -274,14 +296,15 @@ def _set_up(teardown: contextlib.ExitStack, stack: LocalStack, scenario: Scenari
     census.start()
     teardown.callback(census.stop)
     live = _Live(stack=stack, scenario=scenario, job=job, res=res, bar=bar, ckpt=ckpt, fs=fs,
-                 lab=lab, census=census, tail=tail, rec=rec)
+                 mountpoint=mountpoint, lab=lab, census=census, tail=tail, rec=rec, site=site)
     return live, spec_text
 
 
 def _start_and_freeze(live: _Live, run_id: str, spec_text: str, signer: str) -> None:
     """The actuator launches the job; once the preconditions hold, the archives are frozen."""
     scenario, res = live.scenario, live.res
-    live.stack.start_actuator(res.job_id, res.dir / "job.yaml", launch=True)
+    live.stack.start_actuator(res.job_id, res.dir / "job.yaml", launch=True,
+                              extra=live.job.actuator_args(), env=live.job.actuator_env())
     _preconditions(scenario, live.job, live.tail, live.bar)
     res.archive = freeze(run_id=run_id, scenario=scenario, job=live.job, job_id=res.job_id,
                          spec_text=spec_text, ckpt_dir=live.ckpt, events=live.tail.events(),
@@ -294,8 +317,9 @@ def _inject(live: _Live, run_id: str) -> None:
     """The fault (and its trigger), each an ``injection`` event."""
     scenario = live.scenario
     target = Target(pids=live.census.pids, node_ranks=_node_ranks(live.job), ckpt_root=live.ckpt,
-                    mountpoint=live.fs.mountpoint, image=live.fs.image,
-                    broker=live.stack.broker, tag=run_id, lab=live.lab)
+                    mountpoint=live.mountpoint, image=live.fs.image if live.fs else None,
+                    broker=live.stack.broker, tag=run_id, lab=live.lab,
+                    cluster_nodes=live.site.node_veth() if live.site else None)
     inj = build(scenario.fault, target, scenario.rollback.action)
     acted = inj.inject()
     live.injectors.append((scenario.fault, inj))
@@ -361,6 +385,12 @@ def _close_window(live: _Live) -> Artifacts | None:
             _undo(live.injectors, live.rec, "rollback" if res.abort else "stop")
         except InjectionError as exc:
             res.abort = (res.abort or "") + f"; rollback failed: {exc}"
+    if live.site is not None and isinstance(live.job, ClusterJob) and live.scenario.fault.node:
+        # Slurm's own word on the lost node's steps, before the drill stops anything
+        facts = live.site.step_facts(
+            live.stack.actuator_dir(res.job_id) / "logs" / "slurm-steps.journal", res.job_id,
+            live.job.alloc, live.scenario.fault.node)
+        res.archive["slurm"] = facts.to_dict()
     try:
         return collect_settled(live.ckpt, live.census)
     except OSError as exc:
@@ -487,7 +517,8 @@ def evaluate_run(sdir: Path, scenario: Scenario, baseline: Baseline | None) -> E
                                   baseline=baseline,
                                   artifacts=Artifacts.from_dict(art) if art else None,
                                   lost_node=scenario.fault.node
-                                  if scenario.fault.kind == "node_loss" else None))
+                                  if scenario.fault.kind in ("node_loss", "cluster_node_loss")
+                                  else None, slurm=archive.get("slurm")))
 
 
 def run_drills(scenarios: Sequence[Scenario], *, job: DrillJob | None = None,
@@ -507,7 +538,18 @@ def run_drills(scenarios: Sequence[Scenario], *, job: DrillJob | None = None,
             meta["scenarios"][s.name] = {"conclusion": None, "not_run": why,
                                          "source": s.source}
     results: list[ScenarioRun] = []
-    if runnable:
+    if {s.stack for s in runnable} == {"local", "slurm"}:
+        # one stack per run (and one baseline job): the cluster's scenarios are run alone
+        for s in runnable:
+            if s.stack == "slurm":
+                meta["scenarios"][s.name] = {
+                    "conclusion": None, "source": s.source,
+                    "not_run": "runs on the Slurm cluster: run it alone "
+                               f"(trainguard drill run {s.name})"}
+        runnable = [s for s in runnable if s.stack == "local"]
+    if runnable and runnable[0].stack == "slurm":
+        job = _run_on_cluster(runnable, job, run_dir, run_id, say, signer, meta, results)
+    elif runnable:
         # the drills' own broker: an outage drill must never stop anybody else's
         broker = KafkaBroker(runs_root() / "kafka")
         with LocalStack(run_dir / "stack", prefix=f"drill{run_id}", say=say,
@@ -524,6 +566,35 @@ def run_drills(scenarios: Sequence[Scenario], *, job: DrillJob | None = None,
             meta["services_revived"] = [{"service": n, "exit": c} for n, c in stack.revived]
     finalize(run_dir, results, meta, job, say)
     return run_dir
+
+
+def _run_on_cluster(scenarios: Sequence[Scenario], job: DrillJob, run_dir: Path, run_id: str,
+                    say: Say, signer: str, meta: dict[str, Any],
+                    results: list[ScenarioRun]) -> DrillJob:
+    """The scenarios on the dev Slurm cluster: its broker is the drill's, its nodes' agents
+    publish there; one allocation per scenario, every node back in service after each.
+    Returns the job as run (the baseline runs the same)."""
+    prefix = f"drill{run_id}"
+    base = job if isinstance(job, ClusterJob) else None
+    ran: DrillJob = job
+    with ClusterSite(prefix, say) as site, LocalStack(
+            run_dir / "stack", prefix=prefix, say=say, broker=site.broker) as stack:
+        stack.start_services(("streams", "decide", "incidents"))
+        try:
+            for i, s in enumerate(scenarios):
+                if i:
+                    site.restore()  # the node an earlier scenario lost, back in service
+                stack.revive()
+                say(f"[drill] {s.name} (round {s.round}, on the Slurm cluster): {s.title}")
+                with site.allocation() as alloc:
+                    ran = site.job(base, alloc)
+                    results.append(run_one(stack, s, ran, run_dir, run_id, say, signer, site))
+        except KeyboardInterrupt:
+            say("[drill] interrupted: evaluating the scenarios that ran")
+            meta["interrupted"] = True
+        meta["services_revived"] = [{"service": n, "exit": c} for n, c in stack.revived]
+    meta["job"] = ran.to_dict()
+    return ran
 
 
 def finalize(run_dir: Path, results: Sequence[ScenarioRun], meta: dict[str, Any],

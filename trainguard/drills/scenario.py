@@ -89,7 +89,20 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
                                        ("mode",), ("none", "restore_copy"), held=False),
     "broker_outage": FaultKind("none", {"mode": ("stop", "kill")}, ("mode",),
                                ("start_broker",), held=True),
+    # a node of the Slurm cluster lost as nodes go: its link down, then every process of its
+    # network namespace (slurmd, the agent, the ranks) killed
+    "cluster_node_loss": FaultKind("node", {}, (), ("none",), held=False),
 }
+
+# Where a scenario runs: ``local`` (the job's ranks launched by the local backend on this
+# machine) or ``slurm`` (the dev Slurm cluster, 3 nodes + 1 spare with an agent each, the job's
+# ranks launched as steps by the slurm backend). Faults that need the cluster:
+STACKS: Final = ("local", "slurm")
+CLUSTER_ONLY: Final = frozenset({"cluster_node_loss"})
+# ... and those that act on the drill's loop-mounted checkpoint file system, which only the
+# local stack has (the cluster's checkpoints are in its shared directory: ``slurmd`` runs in
+# its own mount namespace and would not see a file system mounted after it started)
+LOOP_FS_ONLY: Final = frozenset({"storage_stall", "storage_loss"})
 
 STOP_KINDS: Final = {"no_progress_s": (int, float), "restarts_over": int, "replicas_over": int,
                      "wall_s": (int, float)}
@@ -171,10 +184,12 @@ class Scenario:
     description: str = ""
     source: str = "<memory>"
     trigger: Fault | None = None
+    stack: str = "local"  # one of STACKS
 
 
 _TOP: Final = {"name", "round", "title", "description", "preconditions", "fault", "duration_s",
-               "expect", "stop_conditions", "rollback", "observe", "tolerance", "trigger"}
+               "expect", "stop_conditions", "rollback", "observe", "tolerance", "trigger",
+               "stack"}
 # A trigger is not a second fault under test: it is round 1's proven worker exit, used only to
 # make the loop read what the fault changed (a corrupt checkpoint is found only at a resume).
 TRIGGERED_KINDS: Final = ("checkpoint_corruption",)
@@ -240,6 +255,15 @@ def parse_scenario(doc: Any, where: str = "<memory>") -> Scenario:
     kind = FAULT_KINDS[fault.kind]
     if kind.held and duration <= 0:
         raise ctx.fail("duration_s", f"{fault.kind} is held for a while: must be > 0")
+    stack = top.get("stack", "local")
+    if stack not in STACKS:
+        raise ctx.fail("stack", f"one of {', '.join(STACKS)} (got {stack!r})")
+    if fault.kind in CLUSTER_ONLY and stack != "slurm":
+        raise ctx.fail("stack", f"{fault.kind} needs the cluster: stack must be slurm "
+                       f"(got {stack!r})")
+    if fault.kind in LOOP_FS_ONLY and stack != "local":
+        raise ctx.fail("stack", f"{fault.kind} acts on the drill's loop-mounted file system, "
+                       f"which only the local stack has: stack must be local (got {stack!r})")
     trigger = None
     if "trigger" in top:
         if fault.kind not in TRIGGERED_KINDS:
@@ -255,7 +279,7 @@ def parse_scenario(doc: Any, where: str = "<memory>") -> Scenario:
         rollback=_rollback(ctx, top["rollback"], fault.kind),
         preconditions=_pre(ctx, top.get("preconditions", {})),
         observe=_observe(ctx, top.get("observe", {})),
-        tolerance=_tolerance(ctx, top.get("tolerance", {})), source=where)
+        tolerance=_tolerance(ctx, top.get("tolerance", {})), source=where, stack=stack)
 
 
 def _fault(ctx: _Ctx, doc: Any, at: str = "fault") -> Fault:

@@ -201,12 +201,18 @@ class LocalStack:
         for name in names:
             starters[name]()
 
-    def start_actuator(self, job_id: str, job_spec: Path, *, launch: bool = True) -> Service:
+    def actuator_dir(self, job_id: str) -> Path:
+        return self.root / f"actuator-{job_id}"
+
+    def start_actuator(self, job_id: str, job_spec: Path, *, launch: bool = True,
+                       extra: Sequence[str] = (), env: dict[str, str] | None = None) -> Service:
+        """``extra``: more arguments (``--backend slurm --slurm-job N``); ``env``: more
+        environment (``SLURM_CONF``)."""
         args = ["actuator", "--job-spec", str(job_spec), "--state-dir",
-                str(self.root / f"actuator-{job_id}"), *self.actuator_key_args()]
+                str(self.actuator_dir(job_id)), *self.actuator_key_args(), *extra]
         if launch:
             args.append("--launch")
-        return self._start(f"actuator-{job_id}", self.cli(*args))
+        return self._start(f"actuator-{job_id}", self.cli(*args), env)
 
     def stop(self, name: str, grace_s: float = 10.0) -> int | None:
         """Stop one service; it is no longer listed."""

@@ -626,6 +626,18 @@ class UnitState(StrEnum):
     FAILED = "failed"
 
 
+class StopProof(StrEnum):
+    """How a fenced replica was stopped, as its backend proved it (``pool.unit`` ``fenced``):
+    the local backend's process confirmed dead, or the Slurm backend's step confirmed gone
+    (no longer listed, or given up by Slurm once its node is DOWN). ``not_ours``: the backend
+    did not start it, so it was never signalled and nothing is proven."""
+
+    ALREADY_GONE = "already_gone"
+    SIGTERM = "sigterm"
+    SIGKILL = "sigkill"
+    NOT_OURS = "not_ours"
+
+
 class PoolUnit(Payload):
     """A compute unit of the pool changed state (event-sourced: the pool is rebuilt from these).
 
@@ -645,6 +657,7 @@ class PoolUnit(Payload):
     reason: Annotated[str, Field(max_length=4096)] = ""
     resources: FlatMap = Field(default_factory=dict)
     released: list[str] = Field(default_factory=list)
+    stopped: StopProof | None = None  # fenced: how the replica was stopped (absent: older logs)
     signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 

@@ -12,6 +12,7 @@ from trainguard.drills.evidence.conclusion import conclude
 from trainguard.drills.evidence.expectations import expectations
 from trainguard.drills.evidence.log import index
 from trainguard.drills.evidence.model import Artifacts, Baseline, Check, Conclusion
+from trainguard.drills.evidence.slurm import slurm_checks
 from trainguard.drills.evidence.timings import timings
 from trainguard.drills.scenario import Expect
 from trainguard.events.envelope import Event
@@ -28,6 +29,7 @@ class EvidenceInput:
     baseline: Baseline | None
     artifacts: Artifacts | None
     lost_node: str | None = None  # a node the fault took away (node loss)
+    slurm: Mapping[str, Any] | None = None  # Slurm's view of the lost node's steps (cluster)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ def evaluate(inp: EvidenceInput) -> Evaluation:
         results.loss_within_tolerance(log, inp.baseline, inp.loss_tolerance),
         results.checkpoint_files_intact(log, inp.artifacts),
     ]
+    if inp.slurm is not None:
+        checks += slurm_checks(inp.slurm, log)
     exp = expectations(log, inp.expect, inp.lost_node)
     fault = log.fault_start() or 0
     escalated = any(isinstance(e.payload, Command) and e.payload.action is CommandAction.ESCALATE

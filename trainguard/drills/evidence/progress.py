@@ -157,13 +157,25 @@ def no_step_skipped(log: JobLog) -> Check:
                         "report or a skipped step: the log cannot tell)")
                 else:
                     fails.append(f"rank {rank} epoch {epoch}: step {a.step} -> {b.step}")
+    notes: list[str] = []
     for rank in log.ranks():
         epochs = sorted((e, seq) for (r, e), seq in by.items() if r == rank)
         for (e0, s0), (e1, s1) in itertools.pairwise(epochs):
             if s1[0].step > s0[-1].step + 1:
+                cited += [s0[-1], s1[0]]
+                lost = range(s0[-1].step + 1, s1[0].step)
+                peers = {x.step for (r, e), seq in by.items() if r != rank and e == e0
+                         for x in seq}
+                if peers and all(m in peers for m in lost):
+                    # its last reports died with its node (the node's agent, killed with it,
+                    # never forwarded them); its peers' reports of those steps prove it ran
+                    # them: a lockstep (data-parallel) step does not complete without it
+                    notes.append(f"rank {rank}: no report of epoch {e0} steps {lost[0]}.."
+                                 f"{lost[-1]} reached the log, but its peers reported them at "
+                                 f"epoch {e0}, which a lockstep step cannot complete without it")
+                    continue
                 fails.append(f"rank {rank}: epoch {e0} ended at step {s0[-1].step}, epoch {e1} "
                              f"began at {s1[0].step}: steps skipped")
-                cited += [s0[-1], s1[0]]
     found = restarts(log)
     for r in found if isinstance(found, list) else []:
         for rank, s in sorted(r.first.items()):
@@ -180,7 +192,7 @@ def no_step_skipped(log: JobLog) -> Check:
     total = sum(len(seq) for seq in by.values())
     return _check(name, Status.PASS, f"{total} step reports over {len(by)} (rank, epoch) "
                   "runs, each consecutive; every new epoch began at or before the step after "
-                  "the last one", firsts)
+                  "the last one" + (f" ({'; '.join(notes)})" if notes else ""), firsts + cited)
 
 
 def no_step_repeated_beyond_checkpoint(log: JobLog) -> Check:

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Mapping
 
 from trainguard.drills.evidence.log import JobLog
 from trainguard.drills.evidence.model import Artifacts, Check, Status
 from trainguard.events.envelope import Event
-from trainguard.events.payloads import Heartbeat, PoolUnit, ReplicaRefused, UnitState
+from trainguard.events.payloads import (
+    Heartbeat,
+    PoolUnit,
+    ReplicaRefused,
+    StopProof,
+    UnitState,
+)
 
 Sighting = tuple[int, int, int, str]  # rank, pid, event time, event id
 
@@ -144,6 +151,16 @@ def no_duplicate_replica(log: JobLog, artifacts: Artifacts | None) -> Check:
                  tuple(ids), tuple(times))
 
 
+def _stop_proven(p: PoolUnit) -> bool:
+    """Its backend proved the fenced replica stopped: the typed ``stopped`` (any backend: the
+    local process confirmed dead, the Slurm step confirmed gone), or, on a log from before
+    ``stopped`` existed, the local backend's ``released`` line for its pid."""
+    if p.stopped is not None:
+        return p.stopped is not StopProof.NOT_OURS
+    proc = [r for r in p.released if r.startswith(f"process {p.pid} ")]
+    return any("confirmed dead" in r or "already gone" in r for r in proc)
+
+
 def old_resources_released(log: JobLog, artifacts: Artifacts | None) -> Check:
     name = "old_resources_released"
     found = _new_bindings(log)
@@ -164,10 +181,9 @@ def old_resources_released(log: JobLog, artifacts: Artifacts | None) -> Check:
     for e in fenced:
         p = e.payload
         assert isinstance(p, PoolUnit)
-        proc = [r for r in p.released if r.startswith(f"process {p.pid} ")]
-        if not proc or not any("confirmed dead" in r or "already gone" in r for r in proc):
-            bad.append(f"unit {p.unit} (rank {p.rank}, pid {p.pid}): the process is not "
-                       f"confirmed dead in `released` {p.released}")
+        if not _stop_proven(p):
+            bad.append(f"unit {p.unit} (rank {p.rank}, pid {p.pid}): the replica is not "
+                       f"confirmed stopped (stopped {p.stopped}, released {p.released})")
         if any("not removed" in r for r in p.released):
             bad.append(f"unit {p.unit}: {[r for r in p.released if 'not removed' in r]}")
     if artifacts is None or not artifacts.collected:
@@ -178,8 +194,23 @@ def old_resources_released(log: JobLog, artifacts: Artifacts | None) -> Check:
     if bad:
         return _check(name, Status.FAIL, "; ".join(bad), fenced)
     return _check(name, Status.PASS, f"{len(fenced)} fenced unit(s), each releasing its "
-                  "process (confirmed dead: its sockets closed by the kernel) and unit "
-                  "resources; no temp file left in the checkpoint directory", fenced)
+                  "replica (confirmed stopped by its backend: a process confirmed dead, its "
+                  "sockets closed by the kernel, or a Slurm step confirmed gone) and unit "
+                  "resources; no temp file left in the checkpoint directory: "
+                  + "; ".join(f"rank {e.payload.rank}: {e.payload.stopped or 'proof in released'}"
+                              f" ({', '.join(e.payload.released)})" for e in fenced
+                              if isinstance(e.payload, PoolUnit)), fenced)
+
+
+def _uid(uids: Mapping[int, int], ranks: Mapping[tuple[int, int], set[int]],
+         p: PoolUnit) -> int | None:
+    """The uid the census saw for a binding: its pid's, else that of the rank's own process at
+    that epoch (its step reports' pid). On Slurm the bound pid is the ``srun`` client on the
+    head, which the census skips; the rank runs in the step, as the job's user."""
+    if p.pid is not None and p.pid in uids:
+        return uids[p.pid]
+    seen = {uids[pid] for pid in ranks.get((p.rank or 0, p.epoch or 0), set()) if pid in uids}
+    return seen.pop() if len(seen) == 1 else None
 
 
 def binding_kept_quota_and_permissions(log: JobLog, artifacts: Artifacts | None) -> Check:
@@ -194,6 +225,8 @@ def binding_kept_quota_and_permissions(log: JobLog, artifacts: Artifacts | None)
     bad: list[str] = []
     cited: list[Event] = []
     uids = artifacts.uids if artifacts is not None else {}
+    ranks = {k: {st.pid for st in v if st.pid is not None}
+             for k, v in log.by_rank_epoch().items()}
     unknown_uid: list[int] = []
     for b in bound:
         p = b.payload
@@ -216,7 +249,7 @@ def binding_kept_quota_and_permissions(log: JobLog, artifacts: Artifacts | None)
             if op.resources.get(key) != p.resources.get(key):
                 bad.append(f"rank {p.rank}: {key} {op.resources.get(key)} -> "
                            f"{p.resources.get(key)}")
-        ou, nu = uids.get(op.pid or -1), uids.get(p.pid or -1)
+        ou, nu = _uid(uids, ranks, op), _uid(uids, ranks, p)
         if ou is None or nu is None:
             unknown_uid.append(p.rank or 0)
         elif ou != nu:
@@ -227,4 +260,5 @@ def binding_kept_quota_and_permissions(log: JobLog, artifacts: Artifacts | None)
         return _check(name, Status.UNEXPLAINED, f"the uid of the old or new replica of ranks "
                       f"{sorted(set(unknown_uid))} was not observed", cited)
     return _check(name, Status.PASS, "each new binding has as many cpus as the one it "
-                  "replaced, the same quota, and runs as the same uid", cited)
+                  "replaced, the same quota, and runs as the same uid (the rank's own process: "
+                  "the bound pid's, or on Slurm the step's rank reporting at that epoch)", cited)

@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainguard.dev.kafka import KafkaBroker
-from trainguard.drills.injectors import broker, checkpoint, link, signals, slowdown, storage
+from trainguard.drills.injectors import (
+    broker,
+    checkpoint,
+    cluster,
+    link,
+    signals,
+    slowdown,
+    storage,
+)
 from trainguard.drills.injectors.base import InjectionError, Injector
 from trainguard.drills.scenario import Fault
 from trainguard.netlab import VethLab
@@ -22,10 +30,11 @@ class Target:
     node_ranks: Callable[[str], set[int]]
     ckpt_root: Path
     mountpoint: Path
-    image: Path
+    image: Path | None  # the loop image under ``mountpoint`` (None: a plain directory)
     broker: KafkaBroker
     tag: str
     lab: VethLab | None = None
+    cluster_nodes: Mapping[str, tuple[str, str]] | None = None  # node -> (netns, host veth)
 
 
 def _one(target: Target, rank: int) -> int:
@@ -53,9 +62,20 @@ def build(fault: Fault, target: Target, rollback: str = "none") -> Injector:
         assert fault.node is not None
         ranks = target.node_ranks(fault.node)
         return signals.NodeLoss(target.pids(ranks), str(p["signal"]), fault.node)
+    if fault.kind == "cluster_node_loss":
+        assert fault.node is not None
+        if target.cluster_nodes is None or fault.node not in target.cluster_nodes:
+            raise InjectionError(f"node {fault.node!r}: not a node of the drill's Slurm "
+                                 f"cluster ({sorted(target.cluster_nodes or {})})")
+        netns, veth = target.cluster_nodes[fault.node]
+        return cluster.ClusterNodeLoss(fault.node, netns, veth)
+    if fault.kind in ("storage_stall", "storage_loss") and target.image is None:
+        raise InjectionError(f"{fault.kind}: {target.mountpoint} is a plain directory, not "
+                             "the drill's loop-mounted file system")
     if fault.kind == "storage_stall":
         return storage.FsFreeze(target.mountpoint)
     if fault.kind == "storage_loss":
+        assert target.image is not None
         return storage.ReadOnly(target.mountpoint, str(p["method"]), target.image)
     if fault.kind == "checkpoint_corruption":
         return checkpoint.CorruptNewest(target.ckpt_root, str(p["mode"]),
