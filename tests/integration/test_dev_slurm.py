@@ -10,6 +10,7 @@ it down, restart after a crash, and tear down without leftovers.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -100,9 +101,10 @@ def test_every_node_runs_its_agent_and_its_records_arrive(cluster: SlurmCluster)
         assert str(pids[n.name]) in inside, n.name
     script = Path(info.shared_dir) / "report.py"
     script.write_text(REPORT)
-    sock = f"{cluster.root}/agents/$SLURMD_NODENAME/agent.sock"
-    srun(cluster, "-N3", "bash", "-c",
-         f"TRAINGUARD_AGENT_SOCKET={sock} exec {sys.executable} {script}")
+    # quoted: the clone's path may hold a space; the node name expands on each node
+    sock = f'{shlex.quote(str(cluster.root))}/agents/"$SLURMD_NODENAME"/agent.sock'
+    srun(cluster, "-N3", "bash", "-c", f"TRAINGUARD_AGENT_SOCKET={sock} exec "
+         f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}")
     broker = cluster.broker.running()
     assert broker is not None
     kafka = KafkaConfig(bootstrap=broker.bootstrap, topic_prefix=PREFIX,
