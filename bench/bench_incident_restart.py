@@ -43,23 +43,6 @@ def log_of(n: int) -> list[Event]:
     return out[:n]
 
 
-async def publish(bus: MemoryBus, events: list[Event]) -> None:
-    prod = bus.producer()
-    await prod.start()
-    for e in events:
-        await prod.send(e)
-    await prod.stop()
-
-
-def input_end(bus: MemoryBus) -> int:
-    return sum(len(p) for r in INPUT_ROLES for p in bus.partitions(bus.names.name(r)))
-
-
-def committed(bus: MemoryBus) -> int:
-    topics = {bus.names.name(r) for r in INPUT_ROLES}
-    return sum(o for (g, t, _), o in bus.committed.items() if g == GROUP and t in topics)
-
-
 async def until_caught_up(bus: MemoryBus, snapshots: Snapshots | None,
                           idle_flush_s: float) -> tuple[float, ServiceStats]:
     """Seconds from serve() to caught up (state rebuilt or restored, the consumer following,
@@ -71,7 +54,8 @@ async def until_caught_up(bus: MemoryBus, snapshots: Snapshots | None,
     task = asyncio.create_task(serve(bus, settings=SETTINGS, group=GROUP, stop=stop,
                                      stats=stats, live=live, snapshots=snapshots,
                                      idle_flush_s=idle_flush_s, poll_ms=5))
-    while not (stats.following and committed(bus) == input_end(bus)):
+    while not (stats.following
+               and bus.committed_offset(GROUP, INPUT_ROLES) == bus.end_offset(INPUT_ROLES)):
         await asyncio.sleep(0.001)
     took = time.perf_counter() - t0
     stop.set()
@@ -82,8 +66,8 @@ async def until_caught_up(bus: MemoryBus, snapshots: Snapshots | None,
 async def main(n: int) -> None:
     events = log_of(n)
     bus = MemoryBus()
-    await publish(bus, events)
-    print(f"log: {len(events)} events ({input_end(bus)} on the input topics), "
+    await bus.publish(events)
+    print(f"log: {len(events)} events ({bus.end_offset(INPUT_ROLES)} on the input topics), "
           f"{len({e.job_id for e in events})} jobs")
     with tempfile.TemporaryDirectory() as tmp:
         snapshots = Snapshots(SnapshotStore(Path(tmp)), interval_s=3600, every_batches=10**9)

@@ -139,22 +139,8 @@ def test_the_file_round_trips_and_every_damage_is_named_in_one_line(tmp_path: Pa
 # --- the service ----------------------------------------------------------------------------
 
 
-async def _publish(bus: MemoryBus, events: list[Event]) -> None:
-    prod = bus.producer()
-    await prod.start()
-    for e in events:
-        await prod.send(e)
-    await prod.stop()
-
-
-def _input_end(bus: MemoryBus) -> int:
-    return sum(len(part) for role in INPUT_ROLES
-               for part in bus.partitions(bus.names.name(role)))
-
-
-def _committed(bus: MemoryBus) -> int:
-    topics = {bus.names.name(role) for role in INPUT_ROLES}
-    return sum(o for (g, t, _), o in bus.committed.items() if g == GROUP and t in topics)
+def _all_committed(bus: MemoryBus) -> bool:
+    return bus.committed_offset(GROUP, INPUT_ROLES) == bus.end_offset(INPUT_ROLES)
 
 
 def _published(bus: MemoryBus) -> list[bytes]:
@@ -178,7 +164,7 @@ async def _run_to_the_end(bus: MemoryBus, snapshots: Snapshots | None) -> Servic
     task = asyncio.create_task(serve(bus, settings=SETTINGS, group=GROUP, idle_flush_s=0.05,
                                      stop=stop, stats=stats, live=live, snapshots=snapshots,
                                      poll_ms=10))
-    await _wait(lambda: _committed(bus) == _input_end(bus) and not live.buffered
+    await _wait(lambda: _all_committed(bus) and not live.buffered
                 and (stats.consumed > 0 or stats.restored))
     await asyncio.sleep(0.03)  # a poll or two more: nothing comes
     stop.set()
@@ -190,7 +176,7 @@ def _uninterrupted(seed: int) -> list[bytes]:
     bus = MemoryBus()
 
     async def go() -> None:
-        await _publish(bus, arrivals(seed))
+        await bus.publish(arrivals(seed))
         await _run_to_the_end(bus, None)
 
     asyncio.run(asyncio.wait_for(go(), 60))
@@ -213,7 +199,7 @@ def test_serve_restarted_from_its_snapshot_publishes_what_one_run_publishes(
 
     async def go() -> tuple[ServiceStats, ServiceStats, bool]:
         for chunk in parts[:before_start]:
-            await _publish(bus, chunk)
+            await bus.publish(chunk)
         first = ServiceStats()
         stop = asyncio.Event()
         task = asyncio.create_task(serve(bus, settings=SETTINGS, group=GROUP,
@@ -221,8 +207,8 @@ def test_serve_restarted_from_its_snapshot_publishes_what_one_run_publishes(
                                          snapshots=snapshots, poll_ms=10))
         await _wait(lambda: first.consumed > 0 or before_start == 0)
         for chunk in parts[before_start:cut]:  # one batch each
-            await _publish(bus, chunk)
-            await _wait(lambda: _committed(bus) == _input_end(bus))
+            await bus.publish(chunk)
+            await _wait(lambda: _all_committed(bus))
         if killed:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -231,7 +217,7 @@ def test_serve_restarted_from_its_snapshot_publishes_what_one_run_publishes(
             await task
         had_snapshot = store.path.exists()
         for chunk in parts[cut:]:
-            await _publish(bus, chunk)
+            await bus.publish(chunk)
         second = await _run_to_the_end(bus, snapshots)
         return first, second, had_snapshot
 
@@ -245,7 +231,7 @@ def test_serve_restarted_from_its_snapshot_publishes_what_one_run_publishes(
         if first.batches:  # a clean stop writes one
             assert had_snapshot and first.snapshots >= 1
     if second.restored:  # read on from the snapshot's offsets, not from earliest
-        assert second.consumed < _input_end(bus)
+        assert second.consumed < bus.end_offset(INPUT_ROLES)
 
 
 def _snapshot_then_restart(tmp_path: Path, damage: object, caplog: pytest.LogCaptureFixture
@@ -256,7 +242,7 @@ def _snapshot_then_restart(tmp_path: Path, damage: object, caplog: pytest.LogCap
     bus = MemoryBus()
 
     async def go() -> ServiceStats:
-        await _publish(bus, LOG)
+        await bus.publish(LOG)
         await _run_to_the_end(bus, snapshots)
         assert store.path.exists()
         damage(store.path)  # type: ignore[operator]
@@ -325,7 +311,7 @@ def test_a_kept_record_that_no_longer_decodes_sets_the_snapshot_aside(
         raise SnapshotError("kept record e-bad of the snapshot does not decode: boom")
 
     async def go() -> ServiceStats:
-        await _publish(bus, LOG)
+        await bus.publish(LOG)
         await _run_to_the_end(bus, snapshots)
         with monkeypatch.context() as m:
             m.setattr(LiveIncidents, "catch_up", unreadable)
@@ -349,10 +335,10 @@ def test_a_snapshot_of_another_log_is_not_used(tmp_path: Path,
     snapshots = Snapshots(store, interval_s=3600, every_batches=1)
 
     async def go() -> ServiceStats:
-        await _publish(old := MemoryBus(), LOG)
+        await (old := MemoryBus()).publish(LOG)
         await _run_to_the_end(old, snapshots)
         new = MemoryBus()
-        await _publish(new, LOG[: len(LOG) // 2])
+        await new.publish(LOG[: len(LOG) // 2])
         with caplog.at_level(logging.INFO, logger="trainguard.incidents.service"):
             return await _run_to_the_end(new, snapshots)
 

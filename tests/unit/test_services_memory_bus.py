@@ -64,14 +64,6 @@ KEY = keys.COMMAND
 T = 1_800_000_000_000_000
 
 
-async def publish(bus: MemoryBus, events: list[Event]) -> None:
-    prod = bus.producer()
-    await prod.start()
-    for e in events:
-        await prod.send(e)
-    await prod.stop()
-
-
 async def run_until(service: Callable[[asyncio.Event], Coroutine[Any, Any, Any]],
                     done: Callable[[], bool], limit_s: float = 20.0) -> Any:
     """Run a service until ``done()`` (or the limit), then stop it; what it returned."""
@@ -115,7 +107,7 @@ def test_decide_reads_the_bus_and_publishes_one_signed_migrate_and_never_twice()
                           policy=PolicyConfig(settle_s=0), tick_s=0.02)
 
     async def go() -> None:
-        await publish(bus, signing.sign_log(  # the pool as the actuator signed it
+        await bus.publish(signing.sign_log(  # the pool as the actuator signed it
             [_unit("u0", UnitState.BOUND, 0, 100), _unit("u1", UnitState.BOUND, 1, 101),
              _unit("spare", UnitState.SPARE, None, None), _exit_verdict()],
             keys.COMMAND, keys.ACTUATOR))
@@ -153,7 +145,7 @@ def test_incident_service_publishes_the_rebuilt_transitions_once() -> None:
     bus = MemoryBus()
 
     async def go() -> tuple[ServiceStats, ServiceStats]:
-        await publish(bus, LOG[: len(LOG) // 2])  # half before it starts, half while it runs
+        await bus.publish(LOG[: len(LOG) // 2])  # half before it starts, half while it runs
         first = ServiceStats()
 
         async def service(stop: asyncio.Event) -> ServiceStats:
@@ -163,7 +155,7 @@ def test_incident_service_publishes_the_rebuilt_transitions_once() -> None:
         stop = asyncio.Event()
         task = asyncio.create_task(service(stop))
         await asyncio.sleep(0.1)
-        await publish(bus, LOG[len(LOG) // 2:])
+        await bus.publish(LOG[len(LOG) // 2:])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
         while len(_transitions(bus)) < len(expected) and loop.time() < deadline:
@@ -259,12 +251,12 @@ def test_actuator_acts_once_on_a_signed_command_and_dead_letters_an_unsigned_one
 
     async def go() -> None:
         first = Actuator(bus, opts, backend)
-        await publish(bus, [_quota_command("k-unsigned", signed=False), good])
+        await bus.publish([_quota_command("k-unsigned", signed=False), good])
         await run_until(first.run, lambda: len(_outcomes(bus)) >= 2)
         # restarted: the group's position is committed, the ledger is rebuilt from the log;
         # the very same signed command sent again is a replay, refused, never acted on
         await run_until(Actuator(bus, opts, backend).run, lambda: False, limit_s=0.5)
-        await publish(bus, [good])
+        await bus.publish([good])
         await run_until(Actuator(bus, opts, backend).run, lambda: len(_outcomes(bus)) >= 3)
 
     asyncio.run(asyncio.wait_for(go(), 60))
@@ -319,7 +311,7 @@ def test_alerts_send_one_notice_per_incident_to_a_channel() -> None:
         [(None, IncidentState.DETECTED), (IncidentState.DETECTED, IncidentState.LOCATED)])]
 
     async def go() -> None:
-        await publish(bus, opened)
+        await bus.publish(opened)
         await run_until(service.run, lambda: len(poster.bodies) >= len(incs))
         # restarted with the same group: what was delivered and committed is not sent again
         again = AlertsService(config, bus, AlertsOptions(group_id="tg-alerts", poll_ms=20),

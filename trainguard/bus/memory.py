@@ -91,6 +91,26 @@ class MemoryBus:
                 continue
         return out
 
+    async def publish(self, events: Sequence[Event]) -> None:
+        """Send ``events`` through a producer, in order, as a writer would (for tests)."""
+        prod = self.producer()
+        await prod.start()
+        try:
+            for e in events:
+                await prod.send(e)
+        finally:
+            await prod.stop()
+
+    def end_offset(self, roles: Sequence[TopicRole]) -> int:
+        """How many records the topics of ``roles`` hold, all partitions (for tests)."""
+        return sum(len(part) for role in roles for part in self.partitions(self.names.name(role)))
+
+    def committed_offset(self, group: str, roles: Sequence[TopicRole]) -> int:
+        """The offsets ``group`` committed on the topics of ``roles``, summed (for tests): equal
+        to ``end_offset`` once the group committed everything."""
+        topics = {self.names.name(role) for role in roles}
+        return sum(o for (g, t, _), o in self.committed.items() if g == group and t in topics)
+
     # --- the Protocol -----------------------------------------------------------------------
 
     def producer(self) -> MemoryProducer:

@@ -176,4 +176,6 @@ class RuleBase:
     def restore(self, state: dict[str, Any]) -> None:
         doc = orjson.loads(orjson.dumps(state))
         self.s = doc["state"]
+        for key, value in self.initial_state().items():  # a snapshot from an older layout
+            self.s.setdefault(key, value)
         self.book.open = doc["open"]

@@ -61,11 +61,6 @@ class LivenessRule(RuleBase):
         return {"seen": {}, "step_t": {}, "node": {}, "iv": [], "exited": [], "next": -1,
                 "step": {}, "agent": {}}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        super().restore(state)
-        for key, value in self.initial_state().items():  # a snapshot from before node_silent
-            self.s.setdefault(key, value)
-
     def feed(self, event: Event) -> list[Event]:
         s = self.s
         t = event.event_time
