@@ -48,9 +48,9 @@ def verdict(kind: str, rank: int | None, t: int, state: VerdictState = VerdictSt
 
 
 def unit(name: str, state: UnitState, rank: int | None = None, pid: int | None = None,
-         epoch: int | None = None) -> Event:
+         epoch: int | None = None, quota: bool = True) -> Event:
     return make_event(PoolUnit(unit=name, state=state, node="n1", rank=rank, pid=pid,
-                               epoch=epoch),
+                               epoch=epoch, quota=quota),
                       event_id=derived_id("u", name, state.value, rank, pid), job_id=JOB,
                       event_time=1, source="test", subject=Subject(unit=name))
 
@@ -78,12 +78,12 @@ def ckpt(step: int, t: int) -> Event:
                       source="test")
 
 
-def pool(spares: int = 1) -> PolicyState:
+def pool(spares: int = 1, quota: bool = True) -> PolicyState:
     s = PolicyState()
     for r in range(4):
-        s, _ = policy.step(s, unit(f"u{r}", UnitState.BOUND, r, 100 + r, 1), 0, CFG)
+        s, _ = policy.step(s, unit(f"u{r}", UnitState.BOUND, r, 100 + r, 1, quota), 0, CFG)
     for i in range(spares):
-        s, _ = policy.step(s, unit(f"spare{i}", UnitState.SPARE), 0, CFG)
+        s, _ = policy.step(s, unit(f"spare{i}", UnitState.SPARE, quota=quota), 0, CFG)
     return s
 
 
@@ -132,6 +132,32 @@ def test_straggler_climbs_the_ladder_one_tier_at_a_time() -> None:
     s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, 91 * S)], 101 * S)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
     assert "still slow after tiers 1-3" in out[0].command.params.reason
+
+
+def test_without_a_quota_tier_1_is_a_wait_with_no_command_then_tier_2() -> None:
+    """A unit whose backend sets no CPU quota (Slurm): no raise_quota to be refused (and
+    escalated); the verdict gets tier 1's windows to clear by itself, then tier 2 as usual."""
+    s, out = feed(pool(quota=False), [ckpt(40, 1 * S), verdict("straggler", 2, 10 * S)],
+                  10 * S)
+    assert out == [] and s.ladders["job-a/2"].tier == 1
+    s, out = feed(s, [], 10 * S + int(CFG.window_s * CFG.tier_windows * S) - 1)
+    assert out == []
+    s, out = feed(s, [], 10 * S + int(CFG.window_s * CFG.tier_windows * S))
+    assert [(d.command.action, d.command.tier) for d in out] == [
+        (CommandAction.CHECKPOINT_NOW, 2)]
+    s, out = feed(s, [ckpt(50, 21 * S)], 21 * S)
+    assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.MIGRATE, 2)]
+    assert migrate(out[0]).from_unit == "u2"
+
+
+def test_without_a_quota_a_passing_straggler_verdict_moves_nothing() -> None:
+    v = verdict("straggler", 2, 10 * S)
+    s, out = feed(pool(quota=False), [v], 10 * S)
+    resolved = verdict("straggler", 2, 10 * S, VerdictState.RESOLVED,
+                       vid=v.payload.verdict_id)  # type: ignore[attr-defined]
+    s, out2 = feed(s, [resolved], 14 * S)
+    s, out3 = feed(s, [], 300 * S)
+    assert out == out2 == out3 == [] and s.ladders == {} and s.pending == {}
 
 
 def _to_tier_two(cfg: PolicyConfig = CFG) -> tuple[PolicyState, list[Decision]]:

@@ -15,7 +15,7 @@ import pytest
 
 from tests import keys
 from trainguard.actuators import signing
-from trainguard.actuators.backend import Released, Replica, StaleAction
+from trainguard.actuators.backend import Released, Replica, SetsQuota, StaleAction
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.policy import PolicyConfig
@@ -271,6 +271,32 @@ def test_actuator_acts_once_on_a_signed_command_and_dead_letters_an_unsigned_one
     assert len(letters) == 1 and "signature" in letters[0].reason
     assert decode(base64.b64decode(letters[0].value_b64)).event_id == "ev-k-unsigned"
     assert len(backend.replicas) == 1  # launched once: the restarts found the job bound
+
+
+class NoQuotaBackend(FakeBackend):
+    """A backend with no CPU quota (as Slurm's): the same calls but ``set_quota``."""
+
+    set_quota = None  # type: ignore[assignment]
+
+
+def test_a_backend_without_quota_says_so_in_its_units_and_fails_raise_quota(
+        tmp_path: Path) -> None:
+    bus = MemoryBus()
+    backend = NoQuotaBackend()
+    assert not isinstance(backend, SetsQuota) and isinstance(FakeBackend(), SetsQuota)
+    opts = ActuatorOptions(job=_job(tmp_path), key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True)
+
+    async def go() -> None:
+        await bus.publish([_quota_command("k-noquota", signed=True)])
+        await run_until(Actuator(bus, opts, backend).run, lambda: len(_outcomes(bus)) >= 2)
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    units = [e.payload for e in bus.events(TopicRole.OUTCOMES)
+             if isinstance(e.payload, PoolUnit)]
+    assert units and all(not u.quota for u in units)
+    done = _outcomes(bus)[-1]
+    assert done.status is OutcomeStatus.FAILED and "sets no CPU quota" in done.detail
 
 
 # --- alerts --------------------------------------------------------------------------------

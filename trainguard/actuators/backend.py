@@ -66,8 +66,6 @@ class Backend(Protocol):
         it did and it is gone; ``discarded`` (nothing signalled) when it never started it."""
         ...
 
-    def set_quota(self, job: JobSpec, unit: UnitSpec, pct: float | None) -> str: ...
-
     def request_checkpoint(self, job: JobSpec, replica: Replica) -> str:
         """Ask the replica's workload to save at its next step boundary (every rank saves at
         the same step; the ``checkpoint written`` event confirms it). Returns what was done;
@@ -77,6 +75,16 @@ class Backend(Protocol):
     def unreachable(self, job: JobSpec, unit: UnitSpec) -> str | None:
         """Why ``unit`` cannot reach the job's checkpoint storage, or None when it can."""
         ...
+
+
+@runtime_checkable
+class SetsQuota(Protocol):
+    """A backend that can cap or lift a unit's CPU share (the local backend: the unit's cgroup):
+    tier 1 of a straggler's ladder. Slurm has none (no per-step CPU quota): its units say so in
+    their ``pool.unit`` events (``quota`` false) and decide skips tier 1 for them (the verdict
+    gets tier 1's windows to clear by itself before tier 2)."""
+
+    def set_quota(self, job: JobSpec, unit: UnitSpec, pct: float | None) -> str: ...
 
 
 @runtime_checkable

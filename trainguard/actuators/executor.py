@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from trainguard.actuators import cgroups
-from trainguard.actuators.backend import Backend, Quarantines, Replica, UnitNodes
+from trainguard.actuators.backend import Backend, Quarantines, Replica, SetsQuota, UnitNodes
 from trainguard.actuators.fencing import FenceError, is_stale
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
 from trainguard.actuators.journal import Intent, Journal, Phase, in_flight, phase_record
@@ -164,7 +164,8 @@ class Executor:
         payload = PoolUnit(unit=unit, state=state, node=node, labels=dict(spec.labels),
                            rank=rank, epoch=epoch, pid=pid, command_id=command_id,
                            reason=reason, resources=resources or {"cpus": list(spec.cpus)},
-                           released=released or [], stopped=stopped)
+                           released=released or [], stopped=stopped,
+                           quota=isinstance(self.backend, SetsQuota))
         self.emit(make_event(payload, event_id=new_event_id(), job_id=self.job.job_id,
                              event_time=now_us(), source=SOURCE,
                              subject=Subject(node=node, unit=unit, rank=rank)))
@@ -372,6 +373,10 @@ class Executor:
         if unit is None:
             return Result(OutcomeStatus.FAILED, f"raise_quota: rank {rank} is not bound")
         pct_value = cmd.params.quota_pct if isinstance(cmd.params, RaiseQuotaParams) else None
+        if not isinstance(self.backend, SetsQuota):
+            return Result(OutcomeStatus.FAILED, f"raise_quota: unit {unit.name}: the "
+                          f"{type(self.backend).__name__} backend sets no CPU quota (its units "
+                          "say quota false: tier 1 has no command there)")
         try:
             what = self.backend.set_quota(self.job, self.job.unit(unit.name), pct_value)
         except cgroups.CgroupError as exc:

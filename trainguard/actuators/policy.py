@@ -6,11 +6,12 @@ return a new state and a list of ``Decision`` (unsigned commands); they never to
 the bus or a process. The decision service (``decider.py``) does the I/O around them.
 
 The ladder, lightest first:
-- a straggler verdict -> tier 1 ``raise_quota`` for the rank's unit; still open ``tier_windows``
-  windows after that is done -> tier 2: first ``checkpoint_now`` (the job is still running, so
-  a save now means fewer steps redone after the restart), then, once a newer checkpoint is
-  written, its command failed, or ``checkpoint_wait_s`` has passed, ``migrate`` to a spare
-  (``checkpoint_wait_s`` 0: migrate at once); still open after as long again
+- a straggler verdict -> tier 1 ``raise_quota`` for the rank's unit (a unit whose backend has
+  no quota, ``pool.unit`` ``quota`` false as on Slurm: no command, tier 1 is the wait alone);
+  still open ``tier_windows`` windows after that is done -> tier 2: first ``checkpoint_now``
+  (the job is still running, so a save now means fewer steps redone after the restart), then,
+  once a newer checkpoint is written, its command failed, or ``checkpoint_wait_s`` has passed,
+  ``migrate`` to a spare (``checkpoint_wait_s`` 0: migrate at once); still open after as long again
   -> tier 3 ``resume`` (the job's process group restarted in place from the last valid
   checkpoint); still open -> ``escalate`` (tiers exhausted).
 - a failure verdict (process exit, OOM-killed rank, rank silent, node silent, must-drain XID,
@@ -142,7 +143,7 @@ class Ladder:
     rank: int
     verdict_id: str
     tier: int
-    key: str  # the current tier's command
+    key: str | None  # the current tier's command (None: tier 1 without one, no quota)
     done_at: int | None = None  # when the current tier's command was done
     saving: Saving | None = None  # tier 2's save before the migration, under way
 
@@ -294,6 +295,11 @@ def _open_ladder(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfig
     if name in s.ladders or _restart_pending(s, job):
         return
     unit = s.pool.bound(job).get(ov.rank)
+    if unit is not None and not unit.quota:
+        # no quota to raise (Slurm): tier 1 is a watch with no command; the verdict must stay
+        # open as long as after a done tier 1 before tier 2 moves the rank
+        s.ladders[name] = Ladder(job, ov.rank, ov.verdict_id, 1, None, done_at=now_us)
+        return
     params = RaiseQuotaParams(rank=ov.rank, quota_pct=cfg.quota_pct,
                               unit=unit.name if unit else None, reason=ov.kind)
     d = _issue(s, job, 1, ov.verdict_id, params, now_us, cfg, out)

@@ -43,6 +43,7 @@ class Unit:
     epoch: int | None = None
     pid: int | None = None
     resources: FlatMap = field(default_factory=dict)
+    quota: bool = True  # tier 1 can set its CPU quota (PoolUnit.quota)
 
     @property
     def reserved_for(self) -> str | None:
@@ -89,6 +90,7 @@ def reduce(state: PoolState, event: Event) -> PoolState:
         epoch=p.epoch if p.state is UnitState.BOUND else None,
         pid=p.pid if p.state is UnitState.BOUND else None,
         resources=dict(p.resources) if p.resources else (old.resources if old else {}),
+        quota=p.quota,
     )
     units = dict(state.units)
     units[p.unit] = unit

@@ -14,7 +14,10 @@ and confirms it gone in ``scontrol show step``. A node Slurm already sees lost, 
 cancel cannot be confirmed within the grace, is set DOWN (reason: the command) first, then the
 step is confirmed gone; when even that fails, ``FenceError``: nothing is bound in its place.
 
-Tier 1 has no per-step CPU quota on Slurm (``set_quota`` says so); a save request is
+Tier 1 has no per-step CPU quota on Slurm: the backend is not ``SetsQuota``, its units' events
+say ``quota`` false and decide gives a straggler there tier 1's windows with no command before
+tier 2 (a node-local cgroup through the node's agent would be the one way to build it; not
+built). A save request is
 ``scancel --signal=USR1`` to the step; storage reach is probed by a step on the node.
 """
 
@@ -27,7 +30,6 @@ import time
 from pathlib import Path
 
 from trainguard.actuators.backend import Released, Replica, StaleAction
-from trainguard.actuators.cgroups import CgroupError
 from trainguard.actuators.fencing import FenceError
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.journal import Journal
@@ -224,10 +226,6 @@ class SlurmBackend:
             log.warning("stale step %s: %s", rec.step_id, exc)
             return "already_gone"
         return "killed"
-
-    def set_quota(self, job: JobSpec, unit: UnitSpec, pct: float | None) -> str:
-        raise CgroupError(f"{unit.name}: Slurm has no per-step CPU quota (tier 1 on Slurm is "
-                          "a node-local cgroup through the node's agent, or tier 2)")
 
     def request_checkpoint(self, job: JobSpec, replica: Replica) -> str:
         rec = self.step_of(job, replica.rank, replica.epoch)

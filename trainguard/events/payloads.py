@@ -658,6 +658,8 @@ class PoolUnit(Payload):
     resources: FlatMap = Field(default_factory=dict)
     released: list[str] = Field(default_factory=list)
     stopped: StopProof | None = None  # fenced: how the replica was stopped (absent: older logs)
+    # tier 1 can cap/lift this unit's CPU share (False: its backend has no quota, e.g. Slurm)
+    quota: bool = True
     signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 
