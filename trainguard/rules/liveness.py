@@ -93,7 +93,7 @@ class LivenessRule(RuleBase):
             if self.book.open:
                 key = f"rank:{rank}"
                 if key in self.book.open:
-                    gap = (t - self.book.open[key]["first"]) / 1000
+                    gap = (t - self.book.open[key].first) / 1000
                     out.extend(self.book.resolve(key, decided_time=t,
                                                  evidence={"silent_ms": num(gap)}))
         elif kind is CheckpointEvent:
@@ -143,11 +143,11 @@ class LivenessRule(RuleBase):
 
     def _heard(self, node: str, t: int, what: str) -> list[Event]:
         key = f"node:{node}"
-        doc = self.book.open.get(key)
-        if doc is None:
+        opened = self.book.open.get(key)
+        if opened is None:
             return []
         return self.book.resolve(key, decided_time=t, evidence={
-            "silent_ms": num((t - doc["first"]) / 1000), "heard": what})
+            "silent_ms": num((t - opened.first) / 1000), "heard": what})
 
     def _left(self, node: str, t: int) -> list[Event]:
         """A rank is no longer at ``node``: the job left it once none is."""
@@ -224,9 +224,9 @@ class ProcessExitRule(RuleBase):
             if not self.book.open:
                 return []
             key = f"rank:{payload.rank}"
-            doc = self.book.open.get(key)
+            opened = self.book.open.get(key)
             # a report after the exit is a new process's (the engine drops stale replicas')
-            if doc is None or event.event_time <= doc["first"]:
+            if opened is None or event.event_time <= opened.first:
                 return []
             return self.book.resolve(key, decided_time=event.event_time,
                                      evidence={"step": payload.step,

@@ -54,7 +54,7 @@ class OomKillRule(RuleBase):
 
     def snapshot(self) -> dict[str, Any]:
         return {"state": {"pids": {r: list(p) for r, p in self.pids.items()},
-                          "last": self.last}, "open": self.book.open}
+                          "last": self.last}, "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         doc = orjson.loads(orjson.dumps(state))
@@ -62,7 +62,7 @@ class OomKillRule(RuleBase):
         self.pids = {str(r): ProcessOf(int(p[0]), None if p[1] is None else str(p[1]))
                      for r, p in s["pids"].items()}
         self.last = {str(k): int(t) for k, t in s["last"].items()}
-        self.book.open = doc["open"]
+        self.book.load(doc["open"])
 
     def feed(self, event: Event) -> list[Event]:
         t = event.event_time
@@ -76,8 +76,8 @@ class OomKillRule(RuleBase):
             if report.pid is not None:
                 self._learn(rank, report.pid, node)
             if kind is StepReport and self.book.open:
-                doc = self.book.open.get(f"rank:{rank}")
-                if doc is not None and t > doc["first"]:
+                opened = self.book.open.get(f"rank:{rank}")
+                if opened is not None and t > opened.first:
                     out.extend(self.book.resolve(
                         f"rank:{rank}", decided_time=t,
                         evidence={"step": report.step,

@@ -88,7 +88,7 @@ class HwOutlierRule(RuleBase):
         return {"state": {"latest": {k: v.doc() for k, v in self.latest.items()},
                           "runs": self.runs,
                           "stats": None if self.stats is None else self.stats.doc()},
-                "open": self.book.open}
+                "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         doc = orjson.loads(orjson.dumps(state))
@@ -96,7 +96,7 @@ class HwOutlierRule(RuleBase):
         self.latest = {str(k): Sample.of(v) for k, v in s["latest"].items()}
         self.runs = s["runs"]
         self.stats = None if s["stats"] is None else JobStats.of(s["stats"])
-        self.book.open = doc["open"]
+        self.book.load(doc["open"])
 
     def _job_stats(self, t: int, latest: dict[str, Sample], metrics: list[str]
                    ) -> tuple[float, list[Bound | None], int] | None:

@@ -201,7 +201,7 @@ class SectionHangRule(RuleBase):
     # -- state ------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        return {"state": self.st.to_json(), "open": self.book.open}
+        return {"state": self.st.to_json(), "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         super().restore(state)

@@ -43,7 +43,7 @@ class JobSlowdownRule(RuleBase):
                 "calm": 0}
 
     def snapshot(self) -> dict[str, Any]:
-        return {"state": {**self.s, "group": self.s["group"].doc()}, "open": self.book.open}
+        return {"state": {**self.s, "group": self.s["group"].doc()}, "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         super().restore(state)
@@ -117,7 +117,7 @@ class StageImbalanceRule(RuleBase):
 
     def snapshot(self) -> dict[str, Any]:
         groups = {g: group.doc() for g, group in self.s["groups"].items()}
-        return {"state": {**self.s, "groups": groups}, "open": self.book.open}
+        return {"state": {**self.s, "groups": groups}, "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         super().restore(state)
