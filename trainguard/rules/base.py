@@ -198,11 +198,20 @@ class RuleBase:
     def snapshot(self) -> dict[str, Any]:
         """The live state, JSON-ready: serialise it before the next ``feed`` (the faust app
         does at once); copying it here would cost more than the evaluation itself."""
-        return {"state": self.s, "open": self.book.doc()}
+        return {"state": self.state_doc(), "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         doc = orjson.loads(orjson.dumps(state))
-        self.s = doc["state"]
+        self.load_state(doc["state"])
+        self.book.load(doc["open"])
+
+    def state_doc(self) -> dict[str, Any]:
+        """The rule's own state as JSON: ``self.s``, or a typed rule's ``doc()``."""
+        return self.s
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        """Continue from a ``state_doc()`` (a fresh copy, the rule's to keep). A typed rule's
+        ``from_doc`` gives keys missing from an older layout their initial values."""
+        self.s = doc
         for key, value in self.initial_state().items():  # a snapshot from an older layout
             self.s.setdefault(key, value)
-        self.book.load(doc["open"])
