@@ -34,6 +34,17 @@ from trainguard.rules.stats import median_without
 from trainguard.rules.steps import Cell
 
 
+def _push_flag(flags: dict[str, list[Any]], key: str, flag: list[Any], n: int
+               ) -> list[list[Any]]:
+    """``steps.push_flag`` as it was before its flags were typed: the last ``n`` window flags
+    ``[over, time, step]`` of ``key``, a JSON list kept in the state."""
+    ring = flags.setdefault(key, [])
+    ring.append(flag)
+    if len(ring) > n:
+        del ring[0]
+    return ring
+
+
 def stage_of(report: StepReport) -> str:
     return "-" if report.pp_stage is None else str(report.pp_stage)
 
@@ -135,7 +146,7 @@ class LegacyStragglerRule(RuleBase):
             adj = ratio / baseline
             time = int(row[rank][1])
             over_now = adj > threshold and med - peer_med * baseline > p["min_excess_ms"]
-            flags = steps.push_flag(s["flags"], rank, [over_now, time, step], n)
+            flags = _push_flag(s["flags"], rank, [over_now, time, step], n)
             key = f"rank:{rank}"
             burst_list = bursts.get(rank, [])
             in_bursts = [b for b in burst_list if b[0]]
@@ -186,7 +197,7 @@ class LegacyStragglerRule(RuleBase):
             peer = median_without(values, bisect.bisect_left(values, value))
             burst = peer > 0 and value >= p["burst_ratio"] * peer and \
                 value - peer >= p["burst_min_excess_ms"]
-            out[rank] = steps.push_flag(ring, rank, [burst, int(row[rank][1]), step],
+            out[rank] = _push_flag(ring, rank, [burst, int(row[rank][1]), step],
                                         int(p["burst_steps"]))
         return out
 

@@ -181,7 +181,7 @@ class MainStragglerRule(RuleBase):
     def snapshot(self) -> dict[str, Any]:
         state = dict(self.s)
         state["ranks"] = {r: st.doc() for r, st in self.ranks.items()}
-        return {"state": state, "open": self.book.open}
+        return {"state": state, "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         super().restore(state)

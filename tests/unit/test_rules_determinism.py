@@ -16,6 +16,7 @@ from trainguard.events.envelope import Event
 from trainguard.events.payloads import CheckpointAction, NodeHealthKind, StepReport, Verdict
 from trainguard.rules import RuleEngine, RuleSet, parse_rules
 from trainguard.rules.engine import LANE_IDLE_US, LANE_OF
+from trainguard.rules.liveness import LivenessRule
 from trainguard.rules.params import KINDS
 from trainguard.rules.straggler import StragglerRule
 from trainguard.rules.synth import (
@@ -142,7 +143,8 @@ def test_snapshot_is_plain_json_and_rule_change_resets_only_that_rule() -> None:
     states = dict(other.rules)
     straggler = states["straggler"]
     assert isinstance(straggler, StragglerRule) and straggler.ranks == {}  # changed: fresh
-    assert states["liveness"].s["seen"]  # unchanged definition: restored
+    liveness = states["liveness"]
+    assert isinstance(liveness, LivenessRule) and liveness.st.seen  # unchanged: restored
 
 
 def late_arrivals(seed: int) -> list[Event]:

@@ -60,6 +60,27 @@ def subject_doc(subject: Subject) -> dict[str, Any]:
     return subject.model_dump(exclude_none=True)
 
 
+@dataclass(slots=True)
+class OpenVerdict:
+    """A verdict opened and not resolved yet (JSON via ``doc``/``from_doc``: ``{"id", "kind",
+    "sev", "first", "subject"}``)."""
+
+    id: str  # the verdict id
+    kind: VerdictKind
+    sev: Severity
+    first: int  # its first anomalous time (µs)
+    subject: Subject
+
+    def doc(self) -> dict[str, Any]:
+        return {"id": self.id, "kind": self.kind.value, "sev": self.sev.value,
+                "first": self.first, "subject": subject_doc(self.subject)}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> OpenVerdict:
+        return cls(str(doc["id"]), VerdictKind(doc["kind"]), Severity(doc["sev"]),
+                   int(doc["first"]), Subject(**doc["subject"]))
+
+
 class VerdictBook:
     """The open verdicts of one rule, by a key naming what is located (rank, GPU, link...).
 
@@ -71,7 +92,15 @@ class VerdictBook:
                  ) -> None:
         self.ctx = ctx
         self.kinds = kinds  # what the rule declares it emits: anything else is a bug
-        self.open: dict[str, dict[str, Any]] = {}
+        self.open: dict[str, OpenVerdict] = {}
+
+    def doc(self) -> dict[str, Any]:
+        """The open verdicts as JSON: key -> ``OpenVerdict.doc()``."""
+        return {key: v.doc() for key, v in self.open.items()}
+
+    def load(self, doc: dict[str, Any]) -> None:
+        """Continue from a ``doc()``."""
+        self.open = {str(key): OpenVerdict.from_doc(v) for key, v in doc.items()}
 
     def is_open(self, key: str) -> bool:
         return key in self.open
@@ -84,8 +113,7 @@ class VerdictBook:
         self._declared(kind)
         sev = severity or self.ctx.rule.severity
         vid = derived_id(self.ctx.rule.id, self.ctx.job_id, key, first_time)
-        self.open[key] = {"id": vid, "kind": kind, "sev": sev.value, "first": first_time,
-                          "subject": subject_doc(subject)}
+        self.open[key] = OpenVerdict(vid, kind, sev, first_time, subject)
         return [self._event(vid, kind, VerdictState.OPEN, sev, subject, first_time,
                             decided_time, evidence)]
 
@@ -111,12 +139,11 @@ class VerdictBook:
                            {"retracted": True, "reason": reason})
 
     def resolve(self, key: str, *, decided_time: int, evidence: Evidence) -> list[Event]:
-        doc = self.open.pop(key, None)
-        if doc is None:
+        v = self.open.pop(key, None)
+        if v is None:
             return []
-        return [self._event(doc["id"], VerdictKind(doc["kind"]), VerdictState.RESOLVED,
-                            Severity(doc["sev"]),
-                            Subject(**doc["subject"]), doc["first"], decided_time, evidence)]
+        return [self._event(v.id, v.kind, VerdictState.RESOLVED, v.sev, v.subject, v.first,
+                            decided_time, evidence)]
 
     def _declared(self, kind: VerdictKind) -> None:
         if kind not in self.kinds:
@@ -171,11 +198,20 @@ class RuleBase:
     def snapshot(self) -> dict[str, Any]:
         """The live state, JSON-ready: serialise it before the next ``feed`` (the faust app
         does at once); copying it here would cost more than the evaluation itself."""
-        return {"state": self.s, "open": self.book.open}
+        return {"state": self.state_doc(), "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         doc = orjson.loads(orjson.dumps(state))
-        self.s = doc["state"]
+        self.load_state(doc["state"])
+        self.book.load(doc["open"])
+
+    def state_doc(self) -> dict[str, Any]:
+        """The rule's own state as JSON: ``self.s``, or a typed rule's ``doc()``."""
+        return self.s
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        """Continue from a ``state_doc()`` (a fresh copy, the rule's to keep). A typed rule's
+        ``from_doc`` gives keys missing from an older layout their initial values."""
+        self.s = doc
         for key, value in self.initial_state().items():  # a snapshot from an older layout
             self.s.setdefault(key, value)
-        self.book.open = doc["open"]

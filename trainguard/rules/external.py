@@ -14,7 +14,7 @@ from typing import Any
 
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import NodeHealth, NodeHealthKind, VerdictKind
-from trainguard.rules.base import RuleBase
+from trainguard.rules.base import Context, RuleBase
 
 MESSAGE_EVIDENCE = 240
 
@@ -24,8 +24,15 @@ class ExternalFaultRule(RuleBase):
     types = frozenset({"node.health"})
     prompt_types = frozenset({"node.health"})
 
-    def initial_state(self) -> dict[str, Any]:
-        return {"depth": {}}  # "node|class" -> faults of that key open now
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.depth: dict[str, int] = {}  # "node|class" -> faults of that key open now
+
+    def state_doc(self) -> dict[str, Any]:
+        return {"depth": self.depth}
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.depth = {str(k): int(n) for k, n in doc.get("depth", {}).items()}
 
     def prompt(self, event: Event) -> list[Event]:
         """A fault's start opens on arrival (a feed's node may send nothing else for hours,
@@ -54,7 +61,7 @@ class ExternalFaultRule(RuleBase):
         node = event.subject.node
         cls = h.fault_class or "unknown"
         key = f"{node}|{cls}"
-        depth: dict[str, int] = self.s["depth"]
+        depth = self.depth
         t = event.event_time
         if h.kind is NodeHealthKind.EXTERNAL_FAULT_START:
             depth[key] = depth.get(key, 0) + 1

@@ -14,40 +14,77 @@ zeroes the volatile counters and performs pending remaps).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import GpuSample, NodeTelemetry, Severity, VerdictKind
-from trainguard.rules.base import RuleBase, VerdictBook, num
+from trainguard.rules.base import Context, RuleBase, VerdictBook, num
+
+
+@dataclass(slots=True)
+class Run:
+    """A sustain counter: the current run of bad and of good samples, and when the bad run
+    began (JSON: ``[bad, good, first]``)."""
+
+    bad: int
+    good: int
+    first: int
+
+    def doc(self) -> list[int]:
+        return [self.bad, self.good, self.first]
+
+    @classmethod
+    def from_doc(cls, doc: list[Any]) -> Run:
+        return cls(int(doc[0]), int(doc[1]), int(doc[2]))
+
+
+def runs_doc(runs: dict[str, Run]) -> dict[str, list[int]]:
+    return {k: r.doc() for k, r in runs.items()}
+
+
+def runs_from_doc(doc: dict[str, Any]) -> dict[str, Run]:
+    return {str(k): Run.from_doc(r) for k, r in doc.items()}
+
+
+@dataclass(slots=True)
+class Anchor:
+    """A GPU's SBE count at a time, what its rate is measured from (JSON: ``[time, count]``)."""
+
+    time: int
+    count: int
+
+    def doc(self) -> list[int]:
+        return [self.time, self.count]
 
 
 def _gpu_key(node: str, gpu: int) -> str:
     return f"{node}/{gpu}"
 
 
-def _sustain(book: VerdictBook, counters: dict[str, list[int]], key: str, bad: bool, t: int,
+def _sustain(book: VerdictBook, counters: dict[str, Run], key: str, bad: bool, t: int,
              sustain: int, clear: int, *, kind: VerdictKind, subject: Callable[[], Subject],
              severity: Severity | None, evidence: Callable[[], dict[str, Any]]) -> list[Event]:
     """Open after ``sustain`` bad samples in a row, resolve after ``clear`` good ones.
-    counters[key] = [bad run, good run, first bad time]. Subject and evidence are built only
-    when a verdict is made (this runs for every GPU of every sample)."""
+    Subject and evidence are built only when a verdict is made (this runs for every GPU of
+    every sample)."""
     c = counters.get(key)
     if c is None:
         if not bad:
             return []  # never bad: nothing to remember
-        c = counters[key] = [0, 0, t]
+        c = counters[key] = Run(0, 0, t)
     if bad:
-        if c[0] == 0:
-            c[2] = t
-        c[0] += 1
-        c[1] = 0
-        if c[0] >= sustain and not book.is_open(key):
+        if c.bad == 0:
+            c.first = t
+        c.bad += 1
+        c.good = 0
+        if c.bad >= sustain and not book.is_open(key):
             return book.raise_(key, kind=kind, subject=subject(), severity=severity,
-                               first_time=c[2], decided_time=t, evidence=evidence())
+                               first_time=c.first, decided_time=t, evidence=evidence())
     else:
-        c[0] = 0
-        c[1] += 1
-        if c[1] >= clear:
+        c.bad = 0
+        c.good += 1
+        if c.good >= clear:
             del counters[key]
             if book.is_open(key):
                 return book.resolve(key, decided_time=t, evidence=evidence())
@@ -58,8 +95,15 @@ class ThrottleRule(RuleBase):
     kinds = frozenset({VerdictKind.THERMAL_THROTTLE, VerdictKind.POWER_THROTTLE})
     types = frozenset({"telemetry.node"})
 
-    def initial_state(self) -> dict[str, Any]:
-        return {"runs": {}}
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.runs: dict[str, Run] = {}  # "thermal:node/gpu" or "power:node/gpu" -> its run
+
+    def state_doc(self) -> dict[str, Any]:
+        return {"runs": runs_doc(self.runs)}
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.runs = runs_from_doc(doc.get("runs", {}))
 
     def feed(self, event: Event) -> list[Event]:
         node = event.subject.node or "-"
@@ -69,7 +113,7 @@ class ThrottleRule(RuleBase):
         power_names = set(p["power_reasons"])
         out: list[Event] = []
         sustain, clear = int(p["sustain_samples"]), int(p["clear_samples"])
-        runs = self.s["runs"]
+        runs = self.runs
         for g in cast(NodeTelemetry, event.payload).gpus:
             reasons = g.throttle_reasons
             hot = g.temperature_c is not None and g.temperature_c > p["max_temperature_c"]
@@ -111,8 +155,15 @@ class EccRule(RuleBase):
                        VerdictKind.ROW_REMAP_FAILURE, VerdictKind.ROW_REMAP_PENDING})
     types = frozenset({"telemetry.node"})
 
-    def initial_state(self) -> dict[str, Any]:
-        return {"sbe": {}}  # gpu key -> [anchor time, anchor count]
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.sbe: dict[str, Anchor] = {}  # "node/gpu" -> its SBE rate's anchor
+
+    def state_doc(self) -> dict[str, Any]:
+        return {"sbe": {k: a.doc() for k, a in self.sbe.items()}}
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.sbe = {str(k): Anchor(int(a[0]), int(a[1])) for k, a in doc.get("sbe", {}).items()}
 
     def feed(self, event: Event) -> list[Event]:
         node = event.subject.node or "-"
@@ -140,7 +191,7 @@ class EccRule(RuleBase):
         key = _gpu_key(node, g.index)
         if not self.book.open and not g.ecc_dbe_volatile and not g.remapped_rows_failure and (
                 not g.remapped_rows_pending) and (g.ecc_sbe_volatile is None
-                                                  or key in self.s["sbe"]):
+                                                  or key in self.sbe):
             if g.ecc_sbe_volatile is None:
                 return []
             return self._sbe(key, gpu_subject(node, g.index), g.ecc_sbe_volatile, t, {})
@@ -161,15 +212,15 @@ class EccRule(RuleBase):
 
     def _sbe(self, key: str, subject: Callable[[], Subject], count: int, t: int,
              ev: dict[str, Any]) -> list[Event]:
-        anchor = self.s["sbe"].get(key)
-        if anchor is None or count < anchor[1]:
-            self.s["sbe"][key] = [t, count]
+        anchor = self.sbe.get(key)
+        if anchor is None or count < anchor.count:
+            self.sbe[key] = Anchor(t, count)
             return []
-        span = t - anchor[0]
+        span = t - anchor.time
         if span < self.p["sbe_min_span_ms"] * 1000:
             return []
-        rate = (count - anchor[1]) / (span / 3.6e9)
-        self.s["sbe"][key] = [t, count]
+        rate = (count - anchor.count) / (span / 3.6e9)
+        self.sbe[key] = Anchor(t, count)
         return self._flag(f"sbe:{key}", rate > self.p["sbe_rate_per_hour"],
                           VerdictKind.ECC_SBE_RATE, subject, Severity.WARNING, t,
                           {**ev, "sbe_per_hour": num(rate)})

@@ -29,6 +29,7 @@ reports and exits of replicas older than the newest binding epoch).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
@@ -43,10 +44,57 @@ from trainguard.events.payloads import (
     StepReport,
     VerdictKind,
 )
-from trainguard.rules.base import RuleBase, num
+from trainguard.rules.base import Context, RuleBase, num
 from trainguard.rules.stats import median
 
 _INTERVALS = 64
+
+
+@dataclass(slots=True)
+class Agent:
+    """A node's agent as its records show it (JSON: ``[last, interval_ms, record]``)."""
+
+    last: int  # its last record's time
+    interval_ms: float  # how often it sends telemetry
+    record: str  # that last record's type
+
+    def doc(self) -> list[Any]:
+        return [self.last, self.interval_ms, self.record]
+
+    @classmethod
+    def from_doc(cls, doc: list[Any]) -> Agent:
+        return cls(int(doc[0]), doc[1], str(doc[2]))
+
+
+@dataclass(slots=True)
+class LivenessState:
+    """The liveness rule's state (JSON via ``doc``/``from_doc``, one key per field)."""
+
+    seen: dict[str, int] = field(default_factory=dict)  # rank -> last sign of life
+    step_t: dict[str, int] = field(default_factory=dict)  # rank -> last step report time
+    node: dict[str, str] = field(default_factory=dict)  # rank -> where it last reported from
+    iv: list[int] = field(default_factory=list)  # the job's last step intervals (µs)
+    exited: list[str] = field(default_factory=list)  # ranks whose exit was seen, sorted
+    next: int = -1  # event time of the next check
+    step: dict[str, int] = field(default_factory=dict)  # rank -> its last step
+    agent: dict[str, Agent] = field(default_factory=dict)  # node -> its agent
+
+    def doc(self) -> dict[str, Any]:
+        return {"seen": self.seen, "step_t": self.step_t, "node": self.node, "iv": self.iv,
+                "exited": self.exited, "next": self.next, "step": self.step,
+                "agent": {n: a.doc() for n, a in self.agent.items()}}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> LivenessState:
+        """Keys missing (an older layout) take their initial values."""
+        return cls(seen={str(r): int(t) for r, t in doc.get("seen", {}).items()},
+                   step_t={str(r): int(t) for r, t in doc.get("step_t", {}).items()},
+                   node={str(r): str(n) for r, n in doc.get("node", {}).items()},
+                   iv=[int(x) for x in doc.get("iv", [])],
+                   exited=[str(r) for r in doc.get("exited", [])],
+                   next=int(doc.get("next", -1)),
+                   step={str(r): int(n) for r, n in doc.get("step", {}).items()},
+                   agent={str(n): Agent.from_doc(a) for n, a in doc.get("agent", {}).items()})
 
 
 class LivenessRule(RuleBase):
@@ -54,15 +102,18 @@ class LivenessRule(RuleBase):
     types = frozenset({"step.report", "heartbeat", "process.exit", "telemetry.node",
                        "node.health", "checkpoint"})
 
-    def initial_state(self) -> dict[str, Any]:
-        # seen: rank -> last sign of life; step_t: rank -> last step report time; node: rank
-        # -> where its reports were last located; step: rank -> its last step; agent: node ->
-        # [its agent's last record time, its interval (ms), that record's type]
-        return {"seen": {}, "step_t": {}, "node": {}, "iv": [], "exited": [], "next": -1,
-                "step": {}, "agent": {}}
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.st = LivenessState()
+
+    def state_doc(self) -> dict[str, Any]:
+        return self.st.doc()
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.st = LivenessState.from_doc(doc)
 
     def feed(self, event: Event) -> list[Event]:
-        s = self.s
+        s = self.st
         t = event.event_time
         out: list[Event] = []
         payload = event.payload
@@ -70,55 +121,55 @@ class LivenessRule(RuleBase):
         if kind is StepReport or kind is Heartbeat:
             report = cast(StepReport | Heartbeat, payload)
             rank = str(report.rank)
-            s["seen"][rank] = t
+            s.seen[rank] = t
             node = event.subject.node
             if node is not None:
-                was = s["node"].get(rank)
-                s["node"][rank] = node
+                was = s.node.get(rank)
+                s.node[rank] = node
                 if self.book.open:
                     out.extend(self._heard(node, t, event.type))
                     if was is not None and was != node:
                         out.extend(self._left(was, t))
             if report.step is not None:
-                s["step"][rank] = report.step
-            if s["exited"] and rank in s["exited"]:
-                s["exited"].remove(rank)
+                s.step[rank] = report.step
+            if s.exited and rank in s.exited:
+                s.exited.remove(rank)
             if kind is StepReport:
-                last = s["step_t"].get(rank)
+                last = s.step_t.get(rank)
                 if last is not None and t > last:
-                    s["iv"].append(t - last)
-                    if len(s["iv"]) > _INTERVALS:
-                        del s["iv"][0]
-                s["step_t"][rank] = t
+                    s.iv.append(t - last)
+                    if len(s.iv) > _INTERVALS:
+                        del s.iv[0]
+                s.step_t[rank] = t
             if self.book.open:
                 key = f"rank:{rank}"
                 if key in self.book.open:
-                    gap = (t - self.book.open[key]["first"]) / 1000
+                    gap = (t - self.book.open[key].first) / 1000
                     out.extend(self.book.resolve(key, decided_time=t,
                                                  evidence={"silent_ms": num(gap)}))
         elif kind is CheckpointEvent:
             if cast(CheckpointEvent, payload).action is CheckpointAction.LOADED:
                 # a resume starts every rank's silence afresh (the restart is no silence)
-                for rank in s["seen"]:
-                    s["seen"][rank] = t
-                s["step_t"] = {}
+                for rank in s.seen:
+                    s.seen[rank] = t
+                s.step_t = {}
         elif kind is ProcessExit:
             ex = cast(ProcessExit, payload)
-            if ex.rank is not None and str(ex.rank) not in s["exited"]:
-                s["exited"].append(str(ex.rank))
-                s["exited"].sort()
+            if ex.rank is not None and str(ex.rank) not in s.exited:
+                s.exited.append(str(ex.rank))
+                s.exited.sort()
         elif kind is NodeTelemetry or kind is NodeHealth:
             node = event.subject.node
-            agent = None if node is None else s["agent"].get(node)
+            agent = None if node is None else s.agent.get(node)
             if kind is NodeTelemetry and node is not None:
                 # the periodic record: it makes the node's agent known, with its interval
-                s["agent"][node] = [t, cast(NodeTelemetry, payload).interval_ms, event.type]
+                s.agent[node] = Agent(t, cast(NodeTelemetry, payload).interval_ms, event.type)
             elif agent is not None:  # a discrete record only counts for an agent known
-                agent[0], agent[2] = t, event.type
+                agent.last, agent.record = t, event.type
             if node is not None and self.book.open:
                 out.extend(self._heard(node, t, event.type))
-        if t >= s["next"]:
-            s["next"] = t + int(self.p["check_every_ms"] * 1000)
+        if t >= s.next:
+            s.next = t + int(self.p["check_every_ms"] * 1000)
             out.extend(self._check(t))
         return out
 
@@ -126,16 +177,16 @@ class LivenessRule(RuleBase):
         # the gap between the old replica's last step and the new one's first is no interval;
         # the new replica's silence starts at its binding, and it is at no node until it
         # reports from one (a node the job left holds no rank of it)
-        s = self.s
-        s["step_t"].pop(rank, None)
-        if rank in s["seen"]:
-            s["seen"][rank] = max(s["seen"][rank], event.event_time)
-        node = s["node"].pop(rank, None)
+        s = self.st
+        s.step_t.pop(rank, None)
+        if rank in s.seen:
+            s.seen[rank] = max(s.seen[rank], event.event_time)
+        node = s.node.pop(rank, None)
         return [] if node is None else self._left(node, event.event_time)
 
     def timeout_us(self) -> int:
         floor = self.p["floor_ms"] * 1000
-        iv = self.s["iv"]
+        iv = self.st.iv
         return int(max(self.p["k_step_times"] * median(iv), floor) if iv else floor)
 
     def node_timeout_us(self, interval_ms: float) -> int:
@@ -143,40 +194,41 @@ class LivenessRule(RuleBase):
 
     def _heard(self, node: str, t: int, what: str) -> list[Event]:
         key = f"node:{node}"
-        doc = self.book.open.get(key)
-        if doc is None:
+        opened = self.book.open.get(key)
+        if opened is None:
             return []
         return self.book.resolve(key, decided_time=t, evidence={
-            "silent_ms": num((t - doc["first"]) / 1000), "heard": what})
+            "silent_ms": num((t - opened.first) / 1000), "heard": what})
 
     def _left(self, node: str, t: int) -> list[Event]:
         """A rank is no longer at ``node``: the job left it once none is."""
         key = f"node:{node}"
-        if key not in self.book.open or node in self.s["node"].values():
+        if key not in self.book.open or node in self.st.node.values():
             return []
         return self.book.resolve(key, decided_time=t, evidence={"left": True})
 
     def _check_nodes(self, t: int) -> list[Event]:
-        s = self.s
+        s = self.st
         by_node: dict[str, list[str]] = {}
-        for rank in sorted(s["node"], key=int):
-            by_node.setdefault(s["node"][rank], []).append(rank)
+        for rank in sorted(s.node, key=int):
+            by_node.setdefault(s.node[rank], []).append(rank)
         out: list[Event] = []
-        for node in sorted(s["agent"]):
+        for node in sorted(s.agent):
             key = f"node:{node}"
             ranks = by_node.get(node)
             if not ranks or self.book.is_open(key):
                 continue
-            running = [r for r in ranks if r not in s["exited"]]
+            running = [r for r in ranks if r not in s.exited]
             if not running:
                 continue  # every rank it held ended: process_exit has them
-            agent_last, interval_ms, what = s["agent"][node]
-            lasts = [s["seen"][r] for r in ranks]
+            agent = s.agent[node]
+            agent_last, interval_ms, what = agent.last, agent.interval_ms, agent.record
+            lasts = [s.seen[r] for r in ranks]
             first = max(agent_last, *lasts)
             timeout = self.node_timeout_us(interval_ms)
             if t - first <= timeout:
                 continue
-            steps = [s["step"][r] for r in ranks if r in s["step"]]
+            steps = [s.step[r] for r in ranks if r in s.step]
             out.extend(self.book.raise_(
                 key, kind=VerdictKind.NODE_SILENT, subject=Subject(node=node), severity=None,
                 first_time=first, decided_time=t,
@@ -186,26 +238,26 @@ class LivenessRule(RuleBase):
                           "agent_interval_ms": num(interval_ms),
                           "ranks": [int(r) for r in ranks],
                           "rank_last_times": list(lasts),
-                          "ranks_exited": [int(r) for r in ranks if r in s["exited"]],
+                          "ranks_exited": [int(r) for r in ranks if r in s.exited],
                           "ranks_last_step": max(steps) if steps else None,
-                          "job_last_step": max(s["step"].values()) if s["step"] else None}))
+                          "job_last_step": max(s.step.values()) if s.step else None}))
         return out
 
     def _check(self, t: int) -> list[Event]:
-        s = self.s
-        out: list[Event] = self._check_nodes(t) if s["agent"] else []
+        s = self.st
+        out: list[Event] = self._check_nodes(t) if s.agent else []
         timeout = self.timeout_us()
-        for rank in sorted(s["seen"], key=int):
-            last = s["seen"][rank]
+        for rank in sorted(s.seen, key=int):
+            last = s.seen[rank]
             key = f"rank:{rank}"
-            if t - last > timeout and rank not in s["exited"] and not self.book.is_open(key):
-                node = s["node"].get(rank)
+            if t - last > timeout and rank not in s.exited and not self.book.is_open(key):
+                node = s.node.get(rank)
                 if node is not None and self.book.is_open(f"node:{node}"):
                     continue  # its node's verdict stands for it
-                med = median(s["iv"]) / 1000 if s["iv"] else None
+                med = median(s.iv) / 1000 if s.iv else None
                 out.extend(self.book.raise_(
                     key, kind=VerdictKind.RANK_SILENT, subject=Subject(rank=int(rank),
-                                                             node=s["node"].get(rank)),
+                                                             node=s.node.get(rank)),
                     severity=None, first_time=last, decided_time=t,
                     evidence={"silent_ms": num((t - last) / 1000),
                               "timeout_ms": num(timeout / 1000),
@@ -224,9 +276,9 @@ class ProcessExitRule(RuleBase):
             if not self.book.open:
                 return []
             key = f"rank:{payload.rank}"
-            doc = self.book.open.get(key)
+            opened = self.book.open.get(key)
             # a report after the exit is a new process's (the engine drops stale replicas')
-            if doc is None or event.event_time <= doc["first"]:
+            if opened is None or event.event_time <= opened.first:
                 return []
             return self.book.resolve(key, decided_time=event.event_time,
                                      evidence={"step": payload.step,

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import orjson
-
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import (
     Heartbeat,
@@ -52,17 +50,14 @@ class OomKillRule(RuleBase):
         self.pids: dict[str, ProcessOf] = {}  # rank -> its latest known process
         self.last: dict[str, int] = {}  # "node:N" -> time of its latest non-rank kill (open)
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"state": {"pids": {r: list(p) for r, p in self.pids.items()},
-                          "last": self.last}, "open": self.book.open}
+    def state_doc(self) -> dict[str, Any]:
+        return {"pids": {r: list(p) for r, p in self.pids.items()}, "last": self.last}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        doc = orjson.loads(orjson.dumps(state))
-        s = doc["state"]
+    def load_state(self, doc: dict[str, Any]) -> None:
+        """Keys missing (an older layout) take their initial values."""
         self.pids = {str(r): ProcessOf(int(p[0]), None if p[1] is None else str(p[1]))
-                     for r, p in s["pids"].items()}
-        self.last = {str(k): int(t) for k, t in s["last"].items()}
-        self.book.open = doc["open"]
+                     for r, p in doc.get("pids", {}).items()}
+        self.last = {str(k): int(t) for k, t in doc.get("last", {}).items()}
 
     def feed(self, event: Event) -> list[Event]:
         t = event.event_time
@@ -76,8 +71,8 @@ class OomKillRule(RuleBase):
             if report.pid is not None:
                 self._learn(rank, report.pid, node)
             if kind is StepReport and self.book.open:
-                doc = self.book.open.get(f"rank:{rank}")
-                if doc is not None and t > doc["first"]:
+                opened = self.book.open.get(f"rank:{rank}")
+                if opened is not None and t > opened.first:
                     out.extend(self.book.resolve(
                         f"rank:{rank}", decided_time=t,
                         evidence={"step": report.step,

@@ -15,12 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
-import orjson
-
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeTelemetry, VerdictKind
 from trainguard.rules.base import Context, RuleBase, num
-from trainguard.rules.gpu_health import _sustain, gpu_subject
+from trainguard.rules.gpu_health import Run, _sustain, gpu_subject, runs_doc, runs_from_doc
 from trainguard.rules.stats import mad, median, robust_z
 
 _DIRECTION = {"temperature_c": 1, "sm_clock_mhz": -1, "power_w": 0,
@@ -81,22 +79,20 @@ class HwOutlierRule(RuleBase):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.latest: dict[str, Sample] = {}  # "node/gpu" -> its latest sample
-        self.runs: dict[str, list[int]] = {}  # sustain counters (gpu_health._sustain)
+        self.runs: dict[str, Run] = {}  # "node/gpu" -> its sustain counter
         self.stats: JobStats | None = None
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"state": {"latest": {k: v.doc() for k, v in self.latest.items()},
-                          "runs": self.runs,
-                          "stats": None if self.stats is None else self.stats.doc()},
-                "open": self.book.open}
+    def state_doc(self) -> dict[str, Any]:
+        return {"latest": {k: v.doc() for k, v in self.latest.items()},
+                "runs": runs_doc(self.runs),
+                "stats": None if self.stats is None else self.stats.doc()}
 
-    def restore(self, state: dict[str, Any]) -> None:
-        doc = orjson.loads(orjson.dumps(state))
-        s = doc["state"]
-        self.latest = {str(k): Sample.of(v) for k, v in s["latest"].items()}
-        self.runs = s["runs"]
-        self.stats = None if s["stats"] is None else JobStats.of(s["stats"])
-        self.book.open = doc["open"]
+    def load_state(self, doc: dict[str, Any]) -> None:
+        """Keys missing (an older layout) take their initial values."""
+        self.latest = {str(k): Sample.of(v) for k, v in doc.get("latest", {}).items()}
+        self.runs = runs_from_doc(doc.get("runs", {}))
+        stats = doc.get("stats")
+        self.stats = None if stats is None else JobStats.of(stats)
 
     def _job_stats(self, t: int, latest: dict[str, Sample], metrics: list[str]
                    ) -> tuple[float, list[Bound | None], int] | None:

@@ -50,7 +50,7 @@ from trainguard.events.payloads import (
 from trainguard.rules.base import Context, RuleBase, num
 
 
-@dataclass
+@dataclass(slots=True)
 class Instance:
     """The section a rank is in, since ``start`` (µs)."""
 
@@ -60,15 +60,18 @@ class Instance:
     step: int | None = None  # the last step the rank finished
 
 
-@dataclass
+@dataclass(slots=True)
 class SectionHangState:
+    """JSON via ``doc``/``from_doc``; keys missing (an older layout) take their initial
+    values."""
+
     current: dict[int, Instance] = field(default_factory=dict)
     # rank -> start of the newest instance that ended (older instances shown later are stale)
     ended: dict[int, int] = field(default_factory=dict)
     durations: dict[Section, list[int]] = field(default_factory=dict)  # µs, newest last
     next_check: int = -1
 
-    def to_json(self) -> dict[str, Any]:
+    def doc(self) -> dict[str, Any]:
         return {"current": {str(r): [i.section.value, i.start, i.node, i.step]
                             for r, i in self.current.items()},
                 "ended": {str(r): t for r, t in self.ended.items()},
@@ -76,13 +79,14 @@ class SectionHangState:
                 "next_check": self.next_check}
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> SectionHangState:
+    def from_doc(cls, doc: dict[str, Any]) -> SectionHangState:
         return cls(
             current={int(r): Instance(Section(v[0]), int(v[1]), v[2], v[3])
-                     for r, v in doc["current"].items()},
-            ended={int(r): int(t) for r, t in doc["ended"].items()},
-            durations={Section(s): [int(x) for x in d] for s, d in doc["durations"].items()},
-            next_check=int(doc["next_check"]))
+                     for r, v in doc.get("current", {}).items()},
+            ended={int(r): int(t) for r, t in doc.get("ended", {}).items()},
+            durations={Section(s): [int(x) for x in d]
+                       for s, d in doc.get("durations", {}).items()},
+            next_check=int(doc.get("next_check", -1)))
 
 
 @dataclass(frozen=True)
@@ -200,10 +204,8 @@ class SectionHangRule(RuleBase):
 
     # -- state ------------------------------------------------------------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"state": self.st.to_json(), "open": self.book.open}
+    def state_doc(self) -> dict[str, Any]:
+        return self.st.doc()
 
-    def restore(self, state: dict[str, Any]) -> None:
-        super().restore(state)
-        self.st = SectionHangState.from_json(self.s)
-        self.s = {}
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.st = SectionHangState.from_doc(doc)

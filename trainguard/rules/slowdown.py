@@ -13,17 +13,84 @@ job with the stage as ``unit``, not as a faulty node.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import CheckpointAction, CheckpointEvent, StepReport, VerdictKind
 from trainguard.rules import steps
-from trainguard.rules.base import RuleBase, num
+from trainguard.rules.base import Context, RuleBase, num
 from trainguard.rules.stats import median
+from trainguard.rules.steps import Flag, StepGroup, flags_doc, flags_from_doc
 from trainguard.rules.straggler import stage_of
 
 
-def _checkpoint(event: Event, groups: list[steps.StepGroup]) -> bool:
+@dataclass(slots=True)
+class Baseline:
+    """The job's baseline so far: the sum and count of its first step medians (JSON: ``[total,
+    count]``)."""
+
+    total: float = 0.0
+    count: int = 0
+
+    def doc(self) -> list[Any]:
+        return [self.total, self.count]
+
+
+@dataclass(slots=True)
+class JobSlowdownState:
+    """JSON via ``doc``/``from_doc``, one key per field."""
+
+    group: StepGroup = field(default_factory=StepGroup)  # the job's step alignment
+    hist: dict[str, list[float]] = field(default_factory=dict)  # rank or "*" -> its window
+    flags: dict[str, list[Flag]] = field(default_factory=dict)  # "*" -> the last n windows
+    base: Baseline = field(default_factory=Baseline)
+    calm: int = 0  # windows back to normal while open
+
+    def doc(self) -> dict[str, Any]:
+        return {"group": self.group.doc(), "hist": self.hist, "flags": flags_doc(self.flags),
+                "base": self.base.doc(), "calm": self.calm}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> JobSlowdownState:
+        """Keys missing (an older layout) take their initial values."""
+        base = doc.get("base", [0.0, 0])
+        return cls(group=StepGroup.from_doc(doc["group"]) if "group" in doc else StepGroup(),
+                   hist=_hist(doc.get("hist", {})), flags=flags_from_doc(doc.get("flags", {})),
+                   base=Baseline(float(base[0]), int(base[1])), calm=int(doc.get("calm", 0)))
+
+
+@dataclass(slots=True)
+class StageImbalanceState:
+    """JSON via ``doc``/``from_doc``, one key per field."""
+
+    groups: dict[str, StepGroup] = field(default_factory=dict)  # stage -> its step alignment
+    hist: dict[str, list[float]] = field(default_factory=dict)  # stage -> window of medians
+    latest: dict[str, float] = field(default_factory=dict)  # stage -> its last window mean
+    flags: dict[str, list[Flag]] = field(default_factory=dict)  # stage -> the last n windows
+    calm: dict[str, int] = field(default_factory=dict)  # stage -> windows back to normal
+
+    def doc(self) -> dict[str, Any]:
+        return {"groups": {g: group.doc() for g, group in self.groups.items()},
+                "hist": self.hist, "latest": self.latest, "flags": flags_doc(self.flags),
+                "calm": self.calm}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> StageImbalanceState:
+        """Keys missing (an older layout) take their initial values."""
+        return cls(groups={str(g): StepGroup.from_doc(d)
+                           for g, d in doc.get("groups", {}).items()},
+                   hist=_hist(doc.get("hist", {})),
+                   latest={str(g): float(m) for g, m in doc.get("latest", {}).items()},
+                   flags=flags_from_doc(doc.get("flags", {})),
+                   calm={str(g): int(n) for g, n in doc.get("calm", {}).items()})
+
+
+def _hist(doc: dict[str, Any]) -> dict[str, list[float]]:
+    return {str(k): [float(x) for x in ring] for k, ring in doc.items()}
+
+
+def _checkpoint(event: Event, groups: list[StepGroup]) -> bool:
     """A checkpoint event: a LOADED one restarts the step count of every group."""
     payload = event.payload
     if type(payload) is not CheckpointEvent:
@@ -38,26 +105,25 @@ class JobSlowdownRule(RuleBase):
     kinds = frozenset({VerdictKind.JOB_SLOWDOWN})
     types = frozenset({"step.report", "checkpoint"})
 
-    def initial_state(self) -> dict[str, Any]:
-        return {"group": steps.new_group(), "hist": {}, "flags": {}, "base": [0.0, 0],
-                "calm": 0}
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.st = JobSlowdownState()
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"state": {**self.s, "group": self.s["group"].doc()}, "open": self.book.open}
+    def state_doc(self) -> dict[str, Any]:
+        return self.st.doc()
 
-    def restore(self, state: dict[str, Any]) -> None:
-        super().restore(state)
-        self.s["group"] = steps.StepGroup.from_doc(self.s["group"])
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.st = JobSlowdownState.from_doc(doc)
 
     def rebind(self, rank: str, event: Event) -> list[Event]:
-        self.s["hist"].pop(rank, None)  # a new replica's window starts afresh
+        self.st.hist.pop(rank, None)  # a new replica's window starts afresh
         return []
 
     def feed(self, event: Event) -> list[Event]:
-        if _checkpoint(event, [self.s["group"]]):
+        if _checkpoint(event, [self.st.group]):
             return []
         rep = cast(StepReport, event.payload)
-        closed = steps.add(self.s["group"], str(rep.rank), rep.step, rep.compute_ms,
+        closed = steps.add(self.st.group, str(rep.rank), rep.step, rep.compute_ms,
                            event.event_time, int(self.p["close_lag_steps"]))
         out: list[Event] = []
         for step, row in closed:
@@ -65,44 +131,45 @@ class JobSlowdownRule(RuleBase):
         return out
 
     def _judge(self, step: int, row: dict[str, steps.Cell]) -> list[Event]:
-        p, s = self.p, self.s
+        p, s = self.p, self.st
         size = int(p["window_steps"])
-        time = max(int(v[1]) for v in row.values())
-        med = median([v[0] for v in row.values()])
-        base = s["base"]
-        if base[1] < int(p["baseline_steps"]):
-            base[0] += med
-            base[1] += 1
+        time = max(int(v.time) for v in row.values())
+        med = median([v.value for v in row.values()])
+        base = s.base
+        if base.count < int(p["baseline_steps"]):
+            base.total += med
+            base.count += 1
             for rank, v in row.items():
-                steps.push_window(s["hist"], rank, v[0], size)
-            steps.push_window(s["hist"], "*", med, size)
+                steps.push_window(s.hist, rank, v.value, size)
+            steps.push_window(s.hist, "*", med, size)
             return []
-        baseline = base[0] / base[1]
-        job_mean = steps.push_window(s["hist"], "*", med, size)
+        baseline = base.total / base.count
+        job_mean = steps.push_window(s.hist, "*", med, size)
         rank_means = [m for rank in sorted(row)
-                      if (m := steps.push_window(s["hist"], rank, row[rank][0], size)) is not None]
+                      if (m := steps.push_window(s.hist, rank, row[rank].value, size))
+                      is not None]
         if job_mean is None or baseline <= 0 or not rank_means:
             return []
         ratio = job_mean / baseline
         slow = sum(1 for m in rank_means if m > p["threshold_ratio"] * baseline)
         fraction = slow / len(rank_means)
         over = ratio > p["threshold_ratio"] and fraction >= p["min_rank_fraction"]
-        flags = steps.push_flag(s["flags"], "*", [over, time, step], int(p["n"]))
+        flags = steps.push_flag(s.flags, "*", Flag(over, time, step), int(p["n"]))
         evidence = {"job_median_ms": num(job_mean), "baseline_ms": num(baseline),
                     "ratio": num(ratio), "slow_rank_fraction": num(fraction),
-                    "ranks": len(rank_means), "windows_over": sum(1 for f in flags if f[0]),
+                    "ranks": len(rank_means), "windows_over": sum(1 for f in flags if f.over),
                     "windows": len(flags), "window_steps": size, "step": step}
         if not self.book.is_open("job"):
-            hits = [f for f in flags if f[0]]
+            hits = [f for f in flags if f.over]
             if len(hits) >= int(p["k"]):
-                s["calm"] = 0
+                s.calm = 0
                 return self.book.raise_("job", kind=VerdictKind.JOB_SLOWDOWN, subject=Subject(),
-                                        severity=None, first_time=int(hits[0][1]),
+                                        severity=None, first_time=hits[0].time,
                                         decided_time=time, evidence=evidence)
             return []
-        s["calm"] = s["calm"] + 1 if ratio < p["resolve_ratio"] else 0
-        if s["calm"] >= int(p["resolve_windows"]):
-            s["flags"]["*"] = []
+        s.calm = s.calm + 1 if ratio < p["resolve_ratio"] else 0
+        if s.calm >= int(p["resolve_windows"]):
+            s.flags["*"] = []
             return self.book.resolve("job", decided_time=time, evidence=evidence)
         return []
 
@@ -111,28 +178,26 @@ class StageImbalanceRule(RuleBase):
     kinds = frozenset({VerdictKind.STAGE_IMBALANCE})
     types = frozenset({"step.report", "checkpoint"})
 
-    def initial_state(self) -> dict[str, Any]:
-        # groups: stage -> step group; hist: stage -> window of medians; latest: stage -> mean
-        return {"groups": {}, "hist": {}, "latest": {}, "flags": {}, "calm": {}}
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.st = StageImbalanceState()
 
-    def snapshot(self) -> dict[str, Any]:
-        groups = {g: group.doc() for g, group in self.s["groups"].items()}
-        return {"state": {**self.s, "groups": groups}, "open": self.book.open}
+    def state_doc(self) -> dict[str, Any]:
+        return self.st.doc()
 
-    def restore(self, state: dict[str, Any]) -> None:
-        super().restore(state)
-        self.s["groups"] = {g: steps.StepGroup.from_doc(d) for g, d in self.s["groups"].items()}
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.st = StageImbalanceState.from_doc(doc)
 
     def feed(self, event: Event) -> list[Event]:
-        if _checkpoint(event, list(self.s["groups"].values())):
+        if _checkpoint(event, list(self.st.groups.values())):
             return []
         rep = cast(StepReport, event.payload)
         if rep.pp_stage is None:
             return []
         stage = stage_of(rep)
-        group = self.s["groups"].get(stage)
+        group = self.st.groups.get(stage)
         if group is None:
-            group = self.s["groups"][stage] = steps.new_group()
+            group = self.st.groups[stage] = StepGroup()
         out: list[Event] = []
         for step, row in steps.add(group, str(rep.rank), rep.step, rep.compute_ms,
                                    event.event_time, int(self.p["close_lag_steps"])):
@@ -140,38 +205,38 @@ class StageImbalanceRule(RuleBase):
         return out
 
     def _judge(self, stage: str, step: int, row: dict[str, steps.Cell]) -> list[Event]:
-        p, s = self.p, self.s
+        p, s = self.p, self.st
         size = int(p["window_steps"])
-        time = max(int(v[1]) for v in row.values())
-        mean = steps.push_window(s["hist"], stage, median([v[0] for v in row.values()]), size)
+        time = max(int(v.time) for v in row.values())
+        mean = steps.push_window(s.hist, stage, median([v.value for v in row.values()]), size)
         if mean is None:
             return []
-        s["latest"][stage] = mean
-        others = [m for st, m in sorted(s["latest"].items()) if st != stage]
+        s.latest[stage] = mean
+        others = [m for st, m in sorted(s.latest.items()) if st != stage]
         if len(others) + 1 < int(p["min_stages"]):
             return []
         ref = median(others)
         if ref <= 0:
             return []
         ratio = mean / ref
-        flags = steps.push_flag(s["flags"], stage, [ratio > p["threshold_ratio"], time, step],
+        flags = steps.push_flag(s.flags, stage, Flag(ratio > p["threshold_ratio"], time, step),
                                 int(p["n"]))
         key = f"stage:{stage}"
         evidence = {"pp_stage": stage, "stage_median_ms": num(mean),
                     "other_stages_median_ms": num(ref), "ratio": num(ratio),
-                    "stages": len(others) + 1, "windows_over": sum(1 for f in flags if f[0]),
+                    "stages": len(others) + 1, "windows_over": sum(1 for f in flags if f.over),
                     "windows": len(flags), "window_steps": size, "step": step}
         if not self.book.is_open(key):
-            hits = [f for f in flags if f[0]]
+            hits = [f for f in flags if f.over]
             if len(hits) >= int(p["k"]):
-                s["calm"][stage] = 0
+                s.calm[stage] = 0
                 return self.book.raise_(key, kind=VerdictKind.STAGE_IMBALANCE,
                                         subject=Subject(unit=f"pp_stage:{stage}"),
-                                        severity=None, first_time=int(hits[0][1]),
+                                        severity=None, first_time=hits[0].time,
                                         decided_time=time, evidence=evidence)
             return []
-        calm = s["calm"][stage] = s["calm"].get(stage, 0) + 1 if ratio < p["resolve_ratio"] else 0
+        calm = s.calm[stage] = s.calm.get(stage, 0) + 1 if ratio < p["resolve_ratio"] else 0
         if calm >= int(p["resolve_windows"]):
-            s["flags"][stage] = []
+            s.flags[stage] = []
             return self.book.resolve(key, decided_time=time, evidence=evidence)
         return []

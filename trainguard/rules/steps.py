@@ -17,7 +17,9 @@ for reasons of its own (allocator, autotuning, data loader start) and is no slow
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
+
+T = TypeVar("T")
 
 
 class Cell(NamedTuple):
@@ -32,6 +34,26 @@ class Pending(NamedTuple):
 
     step: int
     row: dict[str, Cell]
+
+
+class Flag(NamedTuple):
+    """One window's verdict on a key (JSON: ``[over, time, step]``)."""
+
+    over: bool  # the window stood over the threshold
+    time: int  # the event time of the step that closed it
+    step: int
+
+    @classmethod
+    def of(cls, doc: list[Any]) -> Flag:
+        return cls(bool(doc[0]), int(doc[1]), int(doc[2]))
+
+
+def flags_doc(flags: dict[str, list[Flag]]) -> dict[str, list[list[Any]]]:
+    return {k: [list(f) for f in ring] for k, ring in flags.items()}
+
+
+def flags_from_doc(doc: dict[str, Any]) -> dict[str, list[Flag]]:
+    return {str(k): [Flag.of(f) for f in ring] for k, ring in doc.items()}
 
 
 ClosedStep = tuple[int, dict[str, Cell]]  # step, rank -> its cell
@@ -127,7 +149,7 @@ def reset(group: StepGroup) -> None:
         ranks[rank] = -1
 
 
-def _push(rings: dict[str, list[Any]], key: str, item: Any, size: int) -> list[Any]:
+def _push(rings: dict[str, list[T]], key: str, item: T, size: int) -> list[T]:
     """Append ``item`` to ``key``'s ring (a JSON list kept in the state), at most ``size``."""
     ring = rings.setdefault(key, [])
     ring.append(item)
@@ -156,6 +178,6 @@ def push_window_stats(hist: dict[str, list[float]], key: str, value: float,
     return med, sum(ordered) / size
 
 
-def push_flag(flags: dict[str, list[Any]], key: str, flag: list[Any], n: int) -> list[list[Any]]:
-    """Keep the last ``n`` window flags ``[over, time, step]`` of ``key``."""
+def push_flag(flags: dict[str, list[Flag]], key: str, flag: Flag, n: int) -> list[Flag]:
+    """Keep the last ``n`` window flags of ``key``."""
     return _push(flags, key, flag, n)

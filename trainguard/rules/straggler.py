@@ -225,7 +225,7 @@ class StragglerRule(RuleBase):
                  "cross": self.cross.doc(),
                  "held": {g: [[p.step, {r: list(c) for r, c in p.row.items()}] for p in rows]
                           for g, rows in self.held.items()}}
-        return {"state": state, "open": self.book.open}
+        return {"state": state, "open": self.book.doc()}
 
     def restore(self, state: dict[str, Any]) -> None:
         doc = orjson.loads(orjson.dumps(state))
@@ -240,7 +240,7 @@ class StragglerRule(RuleBase):
                                                   for r, c in row.items()})
                               for step, row in rows]
                      for g, rows in s.get("held", {}).items()}
-        self.book.open = doc["open"]
+        self.book.load(doc["open"])
 
     def rebind(self, rank: str, event: Event) -> list[Event]:
         """A new replica: its normal, rates and statistic start afresh (it runs on another

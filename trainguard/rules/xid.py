@@ -20,7 +20,7 @@ from trainguard.events.payloads import (
     Severity,
     VerdictKind,
 )
-from trainguard.rules.base import RuleBase
+from trainguard.rules.base import Context, RuleBase
 
 XID_KINDS = {"drain": VerdictKind.XID_DRAIN, "app": VerdictKind.XID_APP,
              "other": VerdictKind.XID_OTHER}
@@ -39,8 +39,15 @@ class XidRule(RuleBase):
     types = frozenset({"node.health", "telemetry.node"})
     prompt_types = frozenset({"node.health"})
 
-    def initial_state(self) -> dict[str, Any]:
-        return {"last": {}}  # key of a non-drain open verdict -> last time seen
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.last: dict[str, int] = {}  # key of a non-drain open verdict -> last time seen
+
+    def state_doc(self) -> dict[str, Any]:
+        return {"last": self.last}
+
+    def load_state(self, doc: dict[str, Any]) -> None:
+        self.last = {str(k): int(t) for k, t in doc.get("last", {}).items()}
 
     def feed(self, event: Event) -> list[Event]:
         t = event.event_time
@@ -85,12 +92,12 @@ class XidRule(RuleBase):
             sev = self.ctx.rule.severity if cls == "drain" else Severity(
                 self.p["other_severity"])
         if cls != "drain":
-            self.s["last"][key] = t
+            self.last[key] = t
         return self.book.raise_(key, kind=XID_KINDS[cls], subject=subject, severity=sev,
                                 first_time=t, decided_time=t, evidence=evidence)
 
     def _quiet(self, t: int) -> list[Event]:
-        last: dict[str, int] = self.s["last"]
+        last = self.last
         if not last:
             return []
         quiet = int(self.p["resolve_quiet_ms"] * 1000)
