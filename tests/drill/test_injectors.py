@@ -23,6 +23,7 @@ from trainguard_sdk.checkpoint.store import CheckpointStore, Invalid, Valid
 
 from trainguard.drills.injectors.base import InjectionError
 from trainguard.drills.injectors.checkpoint import CorruptNewest, corrupt_bytes
+from trainguard.drills.injectors.cluster import ClusterPartition
 from trainguard.drills.injectors.link import LinkDown, NftLoss, TbfThrottle, ToxiLatency
 from trainguard.drills.injectors.signals import Hang, NodeLoss, StopDuty, WorkerExit
 from trainguard.drills.injectors.slowdown import CgroupThrottle
@@ -234,6 +235,53 @@ def test_link_loss_throttle_and_flap_in_namespaces() -> None:
         flap = LinkDown(lab, flaps=2, hold_ms=100)
         assert flap.inject().params["flaps"] == 2
         wait_operstate(lab.a, lab.dev_a, "up")
+
+
+LISTEN = ("import socket, sys, time\ns = socket.socket()\ns.bind((sys.argv[1], 9981))\n"
+          "s.listen()\nprint('ready', flush=True)\ntime.sleep(120)\n")
+PROBE = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], 9981), 1).close()\n"
+         "    print('ok')\nexcept OSError as exc:\n    print(type(exc).__name__, exc)\n")
+
+
+def _probe(prefix: list[str], addr: str) -> str:
+    """A TCP connect from the side ``prefix`` runs in to ``addr``: 'ok' or the error."""
+    return subprocess.run([*prefix, sys.executable, "-c", PROBE, addr], capture_output=True,
+                          text=True, timeout=20).stdout.strip()
+
+
+def test_partition_drops_both_ways_silently_and_undo_lifts_it() -> None:
+    # a cluster node as the dev Slurm cluster makes one: a namespace whose eth0 is the peer of
+    # a veth whose other end is in the root namespace
+    ns, host = f"tgp-{os.getpid()}", f"tgpv{os.getpid() % 100000}"
+    ip = ["ip", "netns", "exec", ns]
+    listeners: list[subprocess.Popen[str]] = []
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "link", "add", host, "type", "veth", "peer", "name", "eth0",
+                        "netns", ns], check=True)
+        subprocess.run(["ip", "addr", "add", "10.251.9.1/30", "dev", host], check=True)
+        subprocess.run(["ip", "link", "set", host, "up"], check=True)
+        subprocess.run([*ip, "ip", "addr", "add", "10.251.9.2/30", "dev", "eth0"], check=True)
+        subprocess.run([*ip, "ip", "link", "set", "eth0", "up"], check=True)
+        for prefix, addr in (([], "10.251.9.1"), (ip, "10.251.9.2")):
+            lp = subprocess.Popen([*prefix, sys.executable, "-c", LISTEN, addr],
+                                  stdout=subprocess.PIPE, text=True)
+            listeners.append(lp)
+            assert lp.stdout is not None and lp.stdout.readline().strip() == "ready"
+        both = [(ip, "10.251.9.1"), ([], "10.251.9.2")]  # node -> head, head -> node
+        assert [_probe(p, a) for p, a in both] == ["ok", "ok"]
+        part = ClusterPartition("n1", ns, host)
+        part.inject()
+        # neither way, silently: a timeout, never the sender's own stack refusing (EPERM)
+        cut = [_probe(p, a) for p, a in both]
+        assert all(c.startswith(("TimeoutError", "timeout")) for c in cut), cut
+        assert part.undo().params["undo"] == "partition lifted"
+        assert [_probe(p, a) for p, a in both] == ["ok", "ok"]
+    finally:
+        for lp in listeners:
+            lp.kill()
+        subprocess.run(["ip", "link", "del", host], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
 @pytest.mark.timeout(300)

@@ -8,13 +8,16 @@ the spare at a new epoch; a stale report of the old epoch finds its step gone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
@@ -41,6 +44,44 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     finally:
         subprocess.run(["ip", "link", "set", "tgsv2", "up"], check=False)
         c.stop()
+
+
+def ended(pid: int, timeout_s: float) -> bool:
+    """Dead (or a zombie: killed, its parent not yet reaping) within ``timeout_s``?"""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def allocate(cluster: SlurmCluster) -> tuple[SlurmCli, int]:
+    """Every node back in service (an earlier test lost some), then an allocation of
+    tgn1-tgn3 with --no-kill, running."""
+    if cluster.running() is None:
+        cluster.start(SPEC, timeout_s=60)
+    env = cluster.client_env()
+    cli = SlurmCli(env)
+    for i, name in enumerate(("tgn1", "tgn2", "tgn3"), start=1):
+        subprocess.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], env=env,
+                       capture_output=True, check=False)
+        subprocess.run(["ip", "link", "set", f"tgsv{i}", "up"], check=False)
+        if cluster.node_states().get(name, "").startswith(("down", "idle*")):
+            cluster.start_node(name)
+    cluster.wait_nodes(["tgn1", "tgn2", "tgn3"], {"idle"}, timeout_s=60)
+    done = subprocess.run(["sbatch", "--parsable", "--no-kill", "-N3", "-w", "tgn1,tgn2,tgn3",
+                           "-o", "/dev/null", "--wrap", "sleep 600"], env=env,
+                          capture_output=True, text=True, check=True)
+    alloc = int(done.stdout.strip().split(";")[0])
+    deadline = time.monotonic() + 30
+    while (j := cli.job(alloc)) is None or j.state != "RUNNING":
+        assert time.monotonic() < deadline, j
+        time.sleep(0.2)
+    return cli, alloc
 
 
 def job_none() -> SlurmJob:
@@ -153,25 +194,8 @@ def test_a_signed_migrate_moves_the_lost_nodes_rank_to_the_spare(cluster: SlurmC
     )
     from trainguard.events.topics import TopicRole
 
-    if cluster.running() is None:
-        cluster.start(SPEC, timeout_s=60)
-    env = cluster.client_env()
-    cli = SlurmCli(env)
-    for name in ("tgn1", "tgn2", "tgn3"):  # an earlier test's drain/down undone
-        subprocess.run(["scontrol", "update", f"NodeName={name}", "State=RESUME"], env=env,
-                       capture_output=True, check=False)
-    subprocess.run(["ip", "link", "set", "tgsv2", "up"], check=False)
-    if cluster.node_states().get("tgn2", "").startswith(("down", "idle*")):
-        cluster.start_node("tgn2")
-    cluster.wait_nodes(["tgn1", "tgn2", "tgn3"], {"idle"}, timeout_s=60)
-    done = subprocess.run(["sbatch", "--parsable", "--no-kill", "-N3", "-w", "tgn1,tgn2,tgn3",
-                           "-o", "/dev/null", "--wrap", "sleep 600"], env=env,
-                          capture_output=True, text=True, check=True)
-    alloc = int(done.stdout.strip().split(";")[0])
-    deadline = time.monotonic() + 30
-    while (j := cli.job(alloc)) is None or j.state != "RUNNING":
-        assert time.monotonic() < deadline, j
-        time.sleep(0.2)
+    cli, alloc = allocate(cluster)
+    env = cli.env
     info = cluster.info()
     assert info is not None
     job = JobSpec(job_id="sj2", world_size=2, command=("sleep", "300"),
@@ -239,3 +263,52 @@ def test_a_signed_migrate_moves_the_lost_nodes_rank_to_the_spare(cluster: SlurmC
         for r in be.live(job):
             be.fence(job, r)
         subprocess.run(["scancel", str(alloc)], env=env, check=False)
+
+
+def test_a_cut_off_node_is_powered_off_before_its_step_counts_as_gone(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    """tgn1 and tgn2 partitioned (nftables drops everything to and from them), their steps
+    still running. Slurm gives a step up once its node is DOWN, which proves nothing behind a
+    partition: fenced by a backend with no fence command, rank 0's process lives on; fenced by
+    one whose fence command is the dev cluster's power-off (a BMC's stand-in), rank 1's is
+    gone before the fence returns."""
+    from trainguard.drills.injectors.cluster import ClusterPartition
+
+    cli, alloc = allocate(cluster)
+    info = cluster.info()
+    assert info is not None
+    shared = Path(info.shared_dir)
+    job = JobSpec(job_id="sj3", world_size=2,
+                  command=("sh", "-c", f'echo $$ > {shared}/sj3-r{{rank}}; exec sleep 300'),
+                  units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
+                         UnitSpec("tgn3", ())),
+                  ckpt_dir=shared, grace_s=1.0)
+    blind = SlurmBackend(cli, alloc, tmp_path / "blind")
+    fenced = SlurmBackend(cli, alloc, tmp_path / "fenced", power_off=[
+        sys.executable, "-m", "trainguard.cli.main", "dev", "slurm", "power-off", "{node}",
+        "--state-dir", str(cluster.root)])
+    parts = [ClusterPartition(n, NETNS_PREFIX + n, f"tgsv{i}")
+             for i, n in ((1, "tgn1"), (2, "tgn2"))]
+    try:
+        r0 = blind.launch(job, job.unit("tgn1"), 0, 1, 0)
+        r1 = fenced.launch(job, job.unit("tgn2"), 1, 1, 0)
+        deadline = time.monotonic() + 30
+        while not all((shared / f"sj3-r{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        pids = {r: int((shared / f"sj3-r{r}").read_text()) for r in (0, 1)}
+        assert all(psutil.pid_exists(p) for p in pids.values())
+        for part in parts:
+            part.inject()
+        said0 = blind.fence(job, r0).items[0]
+        said1 = fenced.fence(job, r1).items[0]
+        assert "not powered off" in said0 and psutil.pid_exists(pids[0]), said0  # the hazard
+        assert "powered off" in said1 and "not powered off" not in said1, said1
+        assert ended(pids[1], 5.0)
+    finally:
+        for part in parts:
+            with contextlib.suppress(Exception):
+                part.undo()
+        with contextlib.suppress(Exception):
+            cluster.power_off("tgn1")
+        subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)

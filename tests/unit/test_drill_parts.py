@@ -6,9 +6,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from trainguard.actuators.jobspec import parse_job_spec
 from trainguard.drills.baseline import baseline_from_progress, freeze
 from trainguard.drills.evidence import EvidenceInput, evaluate
+from trainguard.drills.injectors.base import Acted, InjectionError
+from trainguard.drills.injectors.cluster import InOutage
 from trainguard.drills.job import DrillJob
 from trainguard.drills.live import stable, steady, stop_reason, view
 from trainguard.drills.regression import diff
@@ -145,3 +149,33 @@ def test_recorded_events_stop_at_the_window_and_evaluate_from_files(tmp_path: Pa
     s = dataclasses.replace(resolve(["r1-worker-exit"])[0], expect=EXPECT)
     ev = evaluate_run(tmp_path, s, base)
     assert ev.conclusion.value == "recovered automatically", ev.reasons
+
+
+class _Fake:
+    def __init__(self, name: str, calls: list[str], fail: bool = False) -> None:
+        self.name, self.calls, self.fail = name, calls, fail
+
+    def inject(self) -> Acted:
+        self.calls.append(f"{self.name}.inject")
+        if self.fail:
+            raise InjectionError(f"{self.name} failed")
+        return Acted(len(self.calls), {"what": self.name})
+
+    def undo(self) -> Acted:
+        self.calls.append(f"{self.name}.undo")
+        return Acted(len(self.calls), {"undone": self.name})
+
+
+def test_a_fault_in_an_outage_brings_the_broker_back_whatever_happens() -> None:
+    calls: list[str] = []
+    both = InOutage(_Fake("broker", calls), _Fake("node", calls))
+    acted = both.inject()
+    assert calls == ["broker.inject", "node.inject"]
+    assert acted.at_us == 2 and acted.params == {"what": "node", "broker_what": "broker"}
+    both.undo()
+    assert calls[2:] == ["broker.undo", "node.undo"]
+    calls.clear()
+    failing = InOutage(_Fake("broker", calls), _Fake("node", calls, fail=True))
+    with pytest.raises(InjectionError, match="node failed"):
+        failing.inject()
+    assert calls == ["broker.inject", "node.inject", "broker.undo"]  # never left down

@@ -49,6 +49,11 @@ def test_a_clean_recovery_is_recovered_automatically_with_every_pass_citing_even
     assert all(c.status is Status.PASS for c in ev.expectations)
     assert ev.timings["steps_redone"] == 5  # steps 21..25 ran twice: lost work, not data
     assert ev.timings["detected_s"] == pytest.approx(0.002)
+    t = ev.timings  # the heal's phases in their order: the restore between launch and step
+    order = ["detected_s", "first_command_s", "fenced_s", "bound_s", "restored_s",
+             "first_step_after_s"]
+    assert all(isinstance(t[k], float) for k in order), t
+    assert [t[k] for k in order] == sorted(t[k] for k in order), t  # type: ignore[type-var]
 
 
 @pytest.mark.parametrize(("knobs", "check", "want", "conclusion"), [
@@ -85,6 +90,18 @@ def test_each_bad_recovery_is_caught(knobs: dict[str, Any], check: str, want: St
     ev = run(Knobs(**knobs))
     assert status(ev, check) is want, [(c.name, c.status, c.detail) for c in ev.checks]
     assert ev.conclusion is conclusion, ev.reasons
+
+
+def test_the_loss_is_compared_up_to_the_horizon_after_a_resume() -> None:
+    # fp summation order after a resume lets last-bit differences grow: a drift that begins
+    # past the horizon is that, not a wrong resume; one inside it is caught
+    from trainguard.drills.evidence.results import LOSS_HORIZON
+    late = run(Knobs(steps_after=LOSS_HORIZON + 20, loss_drift=0.05, drift_after=LOSS_HORIZON))
+    assert status(late, "loss_within_tolerance_of_baseline") is Status.PASS
+    assert late.conclusion is Conclusion.RECOVERED_AUTOMATICALLY, late.reasons
+    early = run(Knobs(steps_after=LOSS_HORIZON + 20, loss_drift=0.05,
+                      drift_after=LOSS_HORIZON - 1))
+    assert status(early, "loss_within_tolerance_of_baseline") is Status.FAIL
 
 
 def test_a_corrupt_newest_checkpoint_is_skipped_and_explained() -> None:

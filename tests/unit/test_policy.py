@@ -35,11 +35,11 @@ CFG = PolicyConfig(window_s=5, tier_windows=2, settle_s=1, quota_pct=400, storm_
 def verdict(kind: str, rank: int | None, t: int, state: VerdictState = VerdictState.OPEN,
             pid: int | None = None, vid: str | None = None, node: str | None = "n1",
             exit_code: int | None = None, sig: int | None = None,
-            gpu: int | None = None) -> Event:
+            gpu: int | None = None, epoch: int | None = None) -> Event:
     vid = vid or derived_id("v", kind, rank, t, node)
     ev: dict[str, str | int | float | bool | None] = {"pid": pid} if pid else {}
     if kind == "process_exit":
-        ev.update({"exit_code": exit_code, "signal": sig})
+        ev.update({"exit_code": exit_code, "signal": sig, "binding_epoch": epoch})
     return make_event(Verdict(verdict_id=vid, rule=kind, kind=kind, state=state,
                               severity=Severity.CRITICAL, first_anomalous_time=t,
                               decided_time=t, evidence=ev),
@@ -76,6 +76,23 @@ def ckpt(step: int, t: int) -> Event:
                                       samples_consumed=step * 8, path=f"/c/{step}"),
                       event_id=derived_id("c", step, t), job_id=JOB, event_time=t,
                       source="test")
+
+
+def loaded(step: int, t: int) -> Event:
+    return make_event(CheckpointEvent(action=CheckpointAction.LOADED, step=step,
+                                      samples_consumed=step * 8, path=f"/c/{step}"),
+                      event_id=derived_id("l", step, t), job_id=JOB, event_time=t,
+                      source="test", subject=Subject(rank=0))
+
+
+def test_a_restart_that_never_loads_a_checkpoint_moves_on_after_the_outcome_timeout() -> None:
+    s, (save,) = _to_tier_two()
+    s, out = feed(s, [outcome(save, OutcomeStatus.FAILED, 22 * S, "no handler")], 22 * S)
+    s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, 30 * S)], 30 * S)
+    s, out = feed(s, [], 30 * S + int(CFG.outcome_timeout_s * S) - 1)
+    assert out == []
+    s, out = feed(s, [], 30 * S + int(CFG.outcome_timeout_s * S))
+    assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.RESUME, 3)]
 
 
 def pool(spares: int = 1, quota: bool = True) -> PolicyState:
@@ -128,8 +145,14 @@ def test_straggler_climbs_the_ladder_one_tier_at_a_time() -> None:
     m = out[0]
     assert migrate(m).from_unit == "u2"
     s, out = feed(s, [outcome(m, OutcomeStatus.DONE, 80 * S)], 90 * S)
+    assert out == []  # the restarted job has not loaded its checkpoint: no evidence yet
+    s, out = feed(s, [loaded(50, 85 * S)], 85 * S)
+    s, out = feed(s, [], 94 * S)
+    assert out == []  # M windows from the load, not from the command's end
+    s, out = feed(s, [], 95 * S)
     assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.RESUME, 3)]
-    s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, 91 * S)], 101 * S)
+    s, out = feed(s, [outcome(out[0], OutcomeStatus.DONE, 96 * S), loaded(50, 96 * S)], 96 * S)
+    s, out = feed(s, [], 106 * S)
     assert [d.command.action for d in out] == [CommandAction.ESCALATE]
     assert "still slow after tiers 1-3" in out[0].command.params.reason
 
@@ -244,6 +267,16 @@ def test_a_verdict_about_a_replaced_pid_is_ignored() -> None:
     # the same verdict about the live replica is acted on: the pid is what decides
     _, live = settled(s, [verdict("process_exit", 3, 10 * S, pid=555)], 20 * S)
     assert [d.command.action for d in live] == [CommandAction.ESCALATE]
+
+
+def test_the_binding_epoch_decides_staleness_where_the_verdict_has_one() -> None:
+    # a Slurm unit's pid is its srun on the head; the exit is of the rank's own pid on the node
+    s = pool()
+    s, _ = policy.step(s, unit("spare0", UnitState.BOUND, 3, 555, 2), 0, CFG)
+    _, live = settled(s, [verdict("process_exit", 3, 10 * S, pid=9103, epoch=2)], 20 * S)
+    assert [d.command.action for d in live] == [CommandAction.ESCALATE]  # acted on
+    _, old = settled(s, [verdict("process_exit", 3, 10 * S, pid=555, epoch=1)], 20 * S)
+    assert old == []  # an older binding's exit, whatever its pid
 
 
 def test_no_spare_escalates_and_never_shrinks() -> None:
@@ -481,6 +514,51 @@ def test_only_peer_lost_exits_move_the_earliest_as_before() -> None:
                          verdict("process_exit", 0, 10 * S, pid=100, exit_code=3)], 10 * S)
     assert [d.command.action for d in out] == [CommandAction.MIGRATE]
     assert migrate(out[0]).ranks == [0]
+
+
+def test_a_rank_failing_by_its_own_code_restarts_in_place_and_a_killed_one_moves() -> None:
+    # exit code 1 (an exception): its unit is fine and a spare would fail the same way; even
+    # with no spare at all, the job resumes in place from the last valid checkpoint
+    for spares in (0, 1):
+        _, out = settled(pool(spares=spares),
+                         [verdict("process_exit", 2, 10 * S, pid=102, exit_code=1),
+                          verdict("process_exit", 0, 10 * S + 5, pid=100, exit_code=3)],
+                         10 * S + 5)
+        assert [(d.command.action, d.command.tier, d.command.params.rank) for d in out] == [
+            (CommandAction.RESUME, 3, 2)]
+    # killed (a signal, or 128 + a signal from a launcher in between), or status unread: moved
+    for sig, code in ((9, None), (None, 137), (None, None)):
+        _, out = settled(pool(), [verdict("process_exit", 2, 10 * S, pid=102, sig=sig,
+                                          exit_code=code)], 10 * S)
+        assert [d.command.action for d in out] == [CommandAction.MIGRATE], (sig, code)
+    # one rank's code and another rank killed together: the killed one decides (moved)
+    _, out = settled(pool(spares=2), [verdict("process_exit", 2, 10 * S, pid=102, exit_code=1),
+                                      verdict("process_exit", 1, 10 * S + 3, pid=101, sig=9)],
+                     10 * S + 3)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+
+
+def test_exits_whose_status_nobody_read_move_only_the_earliest() -> None:
+    # under Slurm slurmstepd reaps the ranks: every exit comes with neither code nor signal.
+    # The killed rank ends first, its peers after; one rank moves, not all three
+    s = two_nodes({"spare-a0": "a", "spare-b": "b"})
+    _, out = settled(s, [verdict("process_exit", 0, 10 * S + 74_000, pid=100),
+                         verdict("process_exit", 1, 10 * S, pid=101, node="a"),
+                         verdict("process_exit", 2, 10 * S + 76_000, pid=102, node="b")],
+                     10 * S + 76_000)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    p = migrate(out[0])
+    assert (p.rank, p.ranks, p.avoid_domains) == (1, [1], [])
+    assert len(p.covered_verdicts) == 2
+
+
+def test_a_lost_node_explains_the_unread_exits_of_its_peers() -> None:
+    s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"})
+    _, out = settled(s, [verdict("process_exit", 0, 10 * S, pid=100, node="a"),
+                         verdict("node_silent", None, 10 * S + 1, node="b")], 10 * S + 1)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    p = migrate(out[0])
+    assert (p.ranks, p.avoid_domains) == ([2, 3], ["node=b"])  # rank 0 stays where it is
 
 
 NODES = st.sampled_from(["a", "b", "c"])

@@ -53,6 +53,20 @@ def test_process_exit_opens_and_the_new_process_resolves() -> None:
     assert k.count(("process_exit", "open")) == 1
 
 
+def test_an_exit_whose_status_nobody_read_is_a_fault() -> None:
+    # under Slurm slurmstepd reaps the rank: its agent sees the pidfd close, no code, no signal.
+    # Every rank of the job ends that way, so no watermark is left to find them silent
+    events = [step_report("j", r, s, T0 + s * S + r, 1000.0, world=3)
+              for s in range(20) for r in range(3)]
+    events += [process_exit("j", f"node-{r}", r, T0 + 20 * S + i * 70_000, exit_code=None)
+               for i, r in enumerate((1, 0, 2))]
+    got = [(e.payload, e.subject.rank) for e in run(events) if isinstance(e.payload, Verdict)]
+    assert [(v.kind, v.state.value, rank) for v, rank in got] == [
+        ("process_exit", "open", 1), ("process_exit", "open", 0), ("process_exit", "open", 2)]
+    assert got[0][0].evidence["exit_code"] is None
+    assert got[0][0].evidence["signal"] is None
+
+
 def test_xid_classes() -> None:
     events = [node_health("j", "n1", NodeHealthKind.XID, T0 + 1, code=79, gpu=3),
               node_health("j", "n1", NodeHealthKind.XID, T0 + 2, code=79, gpu=3),  # repeat

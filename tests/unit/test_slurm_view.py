@@ -88,3 +88,24 @@ def test_steps_parser_never_raises_anything_else(text: str) -> None:
         parse_scontrol_steps(text)
     except SlurmParseError:
         pass
+
+
+@pytest.mark.parametrize(("message", "step", "spurious"), [
+    # captured 2026-12-05: the step's USR1 trap ran, then scancel failed naming the job alone
+    ("scancel --signal=USR1 2.1: exit 225: scancel: error: Kill job error on job step id 2: "
+     "Invalid job id specified", "2.1", True),
+    ("scancel --signal=TERM 12.0: exit 225: scancel: error: Kill job error on job step id 12: "
+     "Invalid job id specified", "12.0", True),
+    # a job that does not exist: the whole step id, exit 1
+    ("scancel --signal=USR1 99.0: exit 1: scancel: error: Kill job error on job step id 99.0: "
+     "Invalid job id specified", "99.0", False),
+    # another job's id, or another failure
+    ("scancel --signal=TERM 2.1: exit 225: scancel: error: Kill job error on job step id 12: "
+     "Invalid job id specified", "2.1", False),
+    ("scancel --signal=TERM 2.1: exit 225: scancel: error: Communication connection failure",
+     "2.1", False),
+])
+def test_only_scancels_known_false_failure_is_ignored(message: str, step: str,
+                                                      spurious: bool) -> None:
+    from trainguard.actuators.slurm_cli import spurious_cancel_error
+    assert spurious_cancel_error(message, step) is spurious

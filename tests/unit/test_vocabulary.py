@@ -159,9 +159,10 @@ def test_params_and_data_decode_as_the_model_of_their_action(data: st.DataObject
 
 
 def test_the_exit_evidence_the_policy_reads_is_typed_and_strict() -> None:
-    ev = p.ExitEvidence(pid=42, exit_code=3, signal=None)
-    flat = {**ev.as_evidence(), "detected_by": "pidfd", "binding_epoch": 2}
+    ev = p.ExitEvidence(pid=42, exit_code=3, signal=None, binding_epoch=2)
+    flat = {**ev.as_evidence(), "detected_by": "pidfd"}
     assert p.ExitEvidence.of(flat) == ev  # the rule's other fields are not the policy's
+    assert p.ExitEvidence.of({**flat, "binding_epoch": -1}) == p.ExitEvidence()
     assert p.ExitEvidence.of({"pid": True, "exit_code": 3}) == p.ExitEvidence()  # not pid 1
     assert p.ExitEvidence.of({"pid": "42"}) == p.ExitEvidence()
     assert p.ExitEvidence.of({}) == p.ExitEvidence()

@@ -12,19 +12,28 @@ The ladder, lightest first:
   (the job is still running, so a save now means fewer steps redone after the restart), then,
   once a newer checkpoint is written, its command failed, or ``checkpoint_wait_s`` has passed,
   ``migrate`` to a spare (``checkpoint_wait_s`` 0: migrate at once); still open after as long again
+  (counted from when the restarted job loaded its checkpoint: the restart's own fence, launch,
+  rendezvous and restore are no window of evidence; without a load, ``outcome_timeout_s``)
   -> tier 3 ``resume`` (the job's process group restarted in place from the last valid
   checkpoint); still open -> ``escalate`` (tiers exhausted).
 - a failure verdict (process exit, OOM-killed rank, rank silent, node silent, must-drain XID,
   link down) ->
   ``migrate`` with ``resume`` at once. A job's failure verdicts are collected for ``settle_s``
   first: when a rank dies its synchronous peers exit too (with a peer-lost exit code,
-  ``peer_exit_codes``): those exits are consequences, covered by the one restart. Every rank that
-  failed by itself (a signal, another exit code, silence) within the window, and every rank bound
+  ``peer_exit_codes``): those exits are consequences, covered by the one restart. An exit whose
+  status nobody could read (no code, no signal: under Slurm the agent is not the rank's parent)
+  is presumed a consequence too: another failure in the window explains it, and when none does
+  the earliest such exit is taken as the cause (a killed rank ends before its peers notice).
+  Every rank that failed by itself (a signal, silence) within the window, and every rank bound
   where a node-level verdict points, is moved to a spare by that one ``migrate``
   (``params.ranks``), never onto a unit of a failure domain that just failed
   (``params.avoid_domains``: the located node, and ``pool.failed_domains`` of the failed units).
   When no rank failed by itself, the earliest verdict's rank is the one moved. Verdicts about a
-  pid that is no longer the rank's bound replica (fenced by a restart) are ignored.
+  replica that is no longer the rank's bound one (an older binding epoch; without an epoch,
+  another pid: fenced by a restart) are ignored.
+- a failure where every rank that failed by itself ended with its own exit code (no signal,
+  not a peer-lost code, not 128 + a signal) -> tier 3 ``resume`` in place: the rank's code
+  failed, not its unit, and a spare would fail the same way.
 - fewer healthy spares than failed ranks -> ``escalate`` saying so: the job is never silently
   shrunk.
 - a command that fails, times out, is refused or gets no outcome -> ``escalate``; except a
@@ -135,6 +144,7 @@ class OpenVerdict:
     pid: int | None
     exit_code: int | None = None
     signal: int | None = None
+    epoch: int | None = None  # the binding the exit was matched to (its fencing token)
 
 
 @dataclass
@@ -145,6 +155,7 @@ class Ladder:
     tier: int
     key: str | None  # the current tier's command (None: tier 1 without one, no quota)
     done_at: int | None = None  # when the current tier's command was done
+    restoring: bool = False  # its restart is done; its windows start at the checkpoint load
     saving: Saving | None = None  # tier 2's save before the migration, under way
 
 
@@ -208,6 +219,8 @@ def step(state: PolicyState, event: Event, now_us: int,
     elif isinstance(p, CheckpointEvent) and p.action in (CheckpointAction.WRITTEN,
                                                          CheckpointAction.LOADED):
         s.ckpt_step[event.job_id] = max(s.ckpt_step.get(event.job_id, -1), p.step)
+        if p.action is CheckpointAction.LOADED:
+            _restored(s, event.job_id, now_us)
     return s, out
 
 
@@ -229,6 +242,8 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
             continue
         if lad.done_at is None or now_us - lad.done_at < wait or lad.verdict_id not in s.open:
             continue
+        if lad.restoring and now_us - lad.done_at < int(cfg.outcome_timeout_s * 1e6):
+            continue  # the restarted job has not loaded its checkpoint yet
         if lad.tier == 1 and cfg.checkpoint_wait_s > 0 and lad.job not in s.stopped:
             key = _issue(s, lad.job, 2, lad.verdict_id, CheckpointNowParams(
                 rank=lad.rank, reason="straggler: save before migrating"), now_us, cfg, out)
@@ -250,6 +265,14 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
                       f"{pend.tier}) within {cfg.outcome_timeout_s:.0f} s", key, pend.rank,
                       now_us, cfg, out)
     return s, out
+
+
+def _restored(s: PolicyState, job: str, now_us: int) -> None:
+    """The job loaded a checkpoint: a ladder whose restart was done counts its windows from
+    now (the first rank's load; the others' change nothing)."""
+    for lad in s.ladders.values():
+        if lad.job == job and lad.restoring:
+            lad.done_at, lad.restoring = max(lad.done_at or now_us, now_us), False
 
 
 def _saved(s: PolicyState, job: str, saving: Saving, now_us: int, cfg: PolicyConfig) -> bool:
@@ -277,7 +300,8 @@ def _on_verdict(s: PolicyState, event: Event, v: Verdict, now_us: int, cfg: Poli
         return
     ex = ExitEvidence.of(v.evidence)
     ov = OpenVerdict(v.verdict_id, job, v.kind, event.subject.rank, event.subject.node,
-                     event.subject.gpu, v.first_anomalous_time, ex.pid, ex.exit_code, ex.signal)
+                     event.subject.gpu, v.first_anomalous_time, ex.pid, ex.exit_code, ex.signal,
+                     ex.binding_epoch)
     if v.verdict_id in s.open:
         return
     s.open[v.verdict_id] = ov
@@ -331,10 +355,17 @@ ON_OPEN: Mapping[VerdictClass, Callable[[PolicyState, OpenVerdict, int, PolicyCo
 
 
 def _stale(s: PolicyState, ov: OpenVerdict) -> bool:
-    if ov.pid is None or ov.rank is None:
+    """About a replica the rank's binding has since replaced? The binding epoch decides when
+    the verdict carries one; else the pid. (A Slurm unit's pid is its ``srun`` on the head,
+    never the rank's own pid on the node: only the epoch can tell there.)"""
+    if ov.rank is None:
         return False
     unit = s.pool.bound(ov.job).get(ov.rank)
-    return unit is not None and unit.pid is not None and unit.pid != ov.pid
+    if unit is None:
+        return False
+    if ov.epoch is not None and unit.epoch is not None:
+        return ov.epoch < unit.epoch
+    return ov.pid is not None and unit.pid is not None and unit.pid != ov.pid
 
 
 def _restart_pending(s: PolicyState, job: str) -> bool:
@@ -351,6 +382,12 @@ def _decide_failure(s: PolicyState, job: str, held: list[OpenVerdict], now_us: i
     own = [ov for ov in live if not _consequence(ov, cfg)]
     group = sorted(own, key=_order) if own else [first]  # the ranks that failed by themselves
     cause = group[0]
+    if own and all(_software_exit(ov, cfg) for ov in own) and cause.rank is not None:
+        # the rank's own code failed (an exit code, no signal): its unit is fine and a spare
+        # would fail the same way; restart in place from the last valid checkpoint
+        _issue(s, job, 3, cause.verdict_id, ResumeParams(rank=cause.rank, reason=cause.kind),
+               now_us, cfg, out)
+        return
     bound = s.pool.bound(job)
     ranks: set[int] = set()
     avoid: set[Domain] = set()
@@ -379,9 +416,19 @@ def _order(ov: OpenVerdict) -> tuple[int, str]:
 
 
 def _consequence(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
-    """A rank that left because a peer was lost (its own unit did not fail)."""
+    """A rank that left because a peer was lost (its own unit did not fail), or presumed so:
+    an exit with neither code nor signal is one whose status could not be read."""
     return (ov.kind is VerdictKind.PROCESS_EXIT and ov.signal is None
-            and ov.exit_code in cfg.peer_exit_codes)
+            and (ov.exit_code is None or ov.exit_code in cfg.peer_exit_codes))
+
+
+def _software_exit(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
+    """A rank that ended itself with an error code (an exception, an assertion): no signal, a
+    code read, neither 0 nor a peer-lost code, nor 129-192 (128 + a signal: how a shell or a
+    launcher in between reports a child killed by one)."""
+    code = ov.exit_code
+    return (ov.kind is VerdictKind.PROCESS_EXIT and ov.signal is None and code is not None
+            and code not in (0, *cfg.peer_exit_codes) and not 128 < code <= 192)
 
 
 def _ranks_on(s: PolicyState, job: str, ov: OpenVerdict) -> set[int]:
@@ -480,7 +527,7 @@ def _on_outcome(s: PolicyState, job: str, o: CommandOutcome, now_us: int, cfg: P
                       o.idempotency_key, pend.rank, now_us, cfg, out)
         return
     if ladder is not None:
-        ladder.done_at = at
+        ladder.done_at, ladder.restoring = at, pend.action in RESTARTS
     if pend.action in RESTARTS:
         history = [(t, c) for t, c in s.restarts.get(job, [])
                    if at - t <= int(cfg.storm_window_s * 1e6)]

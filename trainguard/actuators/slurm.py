@@ -10,9 +10,12 @@ through ``slurm_cli`` (sinfo, squeue, scontrol, scancel, srun), never its state 
 Proof and fencing (``slurm_steps``): the step is journalled before ``srun`` runs and again with
 the step id Slurm lists; ``live`` is the journalled steps Slurm lists alive under that id and
 name; ``fence`` cancels exactly the recorded step id (SIGTERM, SIGKILL after the job's grace)
-and confirms it gone in ``scontrol show step``. A node Slurm already sees lost, or one whose
-cancel cannot be confirmed within the grace, is set DOWN (reason: the command) first, then the
-step is confirmed gone; when even that fails, ``FenceError``: nothing is bound in its place.
+and confirms it gone in ``scontrol show step``. A node Slurm sees lost (DOWN, not responding),
+or one a command quarantined (a verdict blamed it) whose cancel cannot be confirmed, is set
+DOWN (reason: the command) and powered off by the fence command (``power_off``; without one
+the outcome says its processes may still run: behind a partition they do), then the step is
+confirmed gone. A node Slurm finds responding that no verdict blamed is never powered off: an
+unconfirmed cancel there is a ``FenceError``, and nothing is bound in its place.
 
 Tier 1 has no per-step CPU quota on Slurm: the backend is not ``SetsQuota``, its units' events
 say ``quota`` false and decide gives a straggler there tier 1's windows with no command before
@@ -25,8 +28,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from trainguard.actuators.backend import Released, Replica, StaleAction
@@ -53,8 +58,11 @@ log = logging.getLogger(__name__)
 
 class SlurmBackend:
     def __init__(self, cli: SlurmCli, alloc: int, log_dir: Path, *,
-                 journal: Path | None = None, start_timeout_s: float = 30.0) -> None:
+                 journal: Path | None = None, start_timeout_s: float = 30.0,
+                 power_off: Sequence[str] | None = None) -> None:
         self.cli = cli
+        self.power_off = tuple(power_off) if power_off else None  # argv, ``{node}`` replaced
+        self.quarantined: set[str] = set()  # nodes drained by a command (until we restart)
         self.alloc = alloc
         self.log_dir = log_dir
         self.journal = Journal(journal or log_dir / "slurm-steps.journal")
@@ -166,38 +174,56 @@ class SlurmBackend:
 
     def _fence_step(self, job: JobSpec, rec: StepRecord) -> str:
         cli = self.cli
-        if self.gone(rec.step_id, timeout_s=0):
-            return "already gone"
         node = next((n for n in cli.nodes() if n.name == rec.unit), None)
         if fence_start(node) == "down_first":
-            cli.set_down(rec.unit, _keep(node, f"fencing {rec.step_id} (node lost)"))
-            try:
-                cli.cancel_step(rec.step_id, "KILL")
-            except SlurmCliError as exc:
-                log.warning("step %s after DOWN: %s", rec.step_id, exc)
-            if self.gone(rec.step_id, timeout_s=30):
-                return "node set DOWN, step cancelled (KILL), confirmed gone or given up by Slurm"
-            raise FenceError(f"step {rec.step_id}: still listed 30 s after its node was "
-                             "set DOWN")
-        for sig, wait_s in (("TERM", job.grace_s), ("KILL", 2.0)):
+            # Slurm sees the node lost and may list its step given up already: that proves
+            # nothing behind a partition, where the step still runs
+            return self._down(rec, node, "node lost")
+        if self.gone(rec.step_id, timeout_s=0):
+            return "already gone"
+        for sig, wait_s in (("TERM", job.grace_s), ("KILL", 5.0)):
             try:
                 cli.cancel_step(rec.step_id, sig)
-            except SlurmCliError as exc:  # e.g. its slurmd cannot be reached
+            except SlurmCliError as exc:
+                # e.g. another node of the allocation is dead: scancel waits for it, then
+                # fails (MessageTimeout), and the signal may well have gone through
                 log.warning("step %s: %s", rec.step_id, exc)
-                break
             if self.gone(rec.step_id, timeout_s=wait_s):
                 return f"cancelled ({sig}), confirmed gone"
-        if self.gone(rec.step_id, timeout_s=1):  # it ended while scancel was refused
-            return "cancelled, confirmed gone"
-        # its node cannot confirm: Slurm gives up on it once it is DOWN
-        cli.set_down(rec.unit, _keep(node, f"step {rec.step_id} cancel unconfirmed"))
+        if rec.unit in self.quarantined:  # a verdict points at this node: power it off
+            return self._down(rec, node, "cancel unconfirmed")
+        raise FenceError(f"step {rec.step_id}: still listed after TERM and KILL on "
+                         f"{rec.unit}, which Slurm finds responding and no verdict points "
+                         "at: not powered off")
+
+    def _down(self, rec: StepRecord, node: SlurmNode | None, why: str) -> str:
+        """A node that cannot confirm: set DOWN (Slurm gives its steps up), powered off (what
+        proves them gone: behind a partition they still run), then confirmed gone."""
+        self.cli.set_down(rec.unit, _keep(node, f"fencing {rec.step_id} ({why})"))
+        powered = self._power_off(rec.unit)
         try:
-            cli.cancel_step(rec.step_id, "KILL")
+            self.cli.cancel_step(rec.step_id, "KILL")
         except SlurmCliError as exc:
             log.warning("step %s after DOWN: %s", rec.step_id, exc)
         if self.gone(rec.step_id, timeout_s=30):
-            return "cancel unconfirmed, node set DOWN, confirmed gone or given up by Slurm"
-        raise FenceError(f"step {rec.step_id}: still listed after KILL and its node DOWN")
+            return f"{why}, node set DOWN, {powered}, confirmed gone or given up by Slurm"
+        raise FenceError(f"step {rec.step_id}: still listed 30 s after its node was set DOWN")
+
+    def _power_off(self, unit: str) -> str:
+        if self.power_off is None:
+            log.warning("node %s: no fence command (--fence-command): if it is only cut off, "
+                        "its steps still run", unit)
+            return "not powered off (no fence command: cut off, its processes may still run)"
+        argv = [a.replace("{node}", unit) for a in self.power_off]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise FenceError(f"node {unit}: fence command {shlex.join(argv)}: {exc}") from None
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip()[-300:]
+            raise FenceError(f"node {unit}: fence command {shlex.join(argv)}: exit "
+                             f"{done.returncode}: {tail}")
+        return "powered off"
 
     def node_of(self, unit: str) -> str:
         """A unit is a Slurm node: its ``pool.unit`` events are located there (``UnitNodes``)."""
@@ -212,6 +238,7 @@ class SlurmBackend:
             self.cli.drain(unit, reason)
         except SlurmCliError as exc:
             raise OSError(str(exc)) from None
+        self.quarantined.add(unit)  # a node the loop's verdict blamed: fencing may power it off
         return f"node {unit} drained in Slurm: {reason}"
 
     def stop_stale(self, job: JobSpec, rank: int, epoch: int, pid: int | None) -> StaleAction:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shlex
 from pathlib import Path
 
 from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
@@ -47,6 +48,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--slurm-job", type=int, default=None,
                    help="with --backend slurm: the allocation's Slurm job id (sbatch/salloc "
                    "--no-kill over the job's nodes and its spares)")
+    p.add_argument("--fence-command", default=None, metavar="ARGV",
+                   help="with --backend slurm: the command that powers a node off (a fence "
+                   "agent: e.g. 'ipmitool -H {node}-bmc chassis power off'; {node} is "
+                   "replaced), run for a node whose slurmd cannot confirm a cancel before its "
+                   "steps count as gone. Split like a shell line, never run by one")
     p.add_argument("--teardown", action="store_true",
                    help="instead of serving: fence every replica of the job (bound on the "
                    "log, or alive in the replica journal) and stop its warm launcher, then exit")
@@ -79,7 +85,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.slurm_job is None or args.slurm_job <= 0:
             raise SystemExit("trainguard actuator: --backend slurm needs --slurm-job "
                              f"(a positive Slurm job id; got {args.slurm_job})")
-        backend = SlurmBackend(SlurmCli(), args.slurm_job, sdir / "logs")
+        fence = shlex.split(args.fence_command) if args.fence_command else None
+        backend = SlurmBackend(SlurmCli(), args.slurm_job, sdir / "logs", power_off=fence)
     else:
         backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
     actuator = Actuator(KafkaBus(cfg), ActuatorOptions(job=job, key=key, signer=signer,

@@ -98,6 +98,13 @@ def _register_slurm(dev_sub: argparse._SubParsersAction[argparse.ArgumentParser]
                            help="with --agents: a broker the namespaces reach, with the topics")
             p.add_argument("--prefix", default="tg", help="with --agents: topic prefix")
         p.set_defaults(func=_run_slurm)
+    p = slurm_sub.add_parser("power-off", help="what a BMC power-off does to NODE: its link "
+                             "down, every process of its namespace killed (the slurm "
+                             "backend's --fence-command here)")
+    p.add_argument("node", help="the node's Slurm name (tgnI)")
+    p.add_argument("--state-dir", type=Path, help="cluster state directory "
+                   "(default: $TRAINGUARD_STATE/slurm)")
+    p.set_defaults(func=_run_slurm)
 
 
 def _run_slurm(args: argparse.Namespace) -> int:
@@ -114,6 +121,9 @@ def _run_slurm(args: argparse.Namespace) -> int:
                               "nodes": {n.name: n.address for n in info.nodes},
                               "agents_bootstrap": info.agents_bootstrap,
                               "agents_prefix": info.agents_prefix}))
+            return 0
+        if args.slurm_command == "power-off":
+            print(json.dumps({"node": args.node, "killed": cluster.power_off(args.node)}))
             return 0
         if args.slurm_command == "stop":
             print(json.dumps({"status": "stopped" if cluster.stop() else "not running"}))

@@ -54,6 +54,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -502,12 +503,12 @@ class SlurmCluster:
         _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         _run(["ip", "addr", "add", f"{HEAD_ADDR}/24", "dev", BRIDGE])
         _run(["ip", "link", "set", BRIDGE, "up"])
-        for i, name in enumerate(spec.names, start=1):
-            ns, host_end = NETNS_PREFIX + name, f"tgsv{i}"
+        for name in spec.names:
+            ns, veth = NETNS_PREFIX + name, host_end(spec.names, name)
             _run(["ip", "netns", "add", ns])
-            _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", "eth0",
+            _run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
                   "netns", ns])
-            _run(["ip", "link", "set", host_end, "master", BRIDGE, "up"])
+            _run(["ip", "link", "set", veth, "master", BRIDGE, "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{spec.address(name)}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
@@ -568,6 +569,17 @@ class SlurmCluster:
         if info is not None and info.agents_bootstrap is not None \
                 and self.agent_pid(name) is None:
             self.start_agent(name, info)
+
+    def power_off(self, name: str) -> list[int]:
+        """What a BMC's ``chassis power off`` does to a node, here: its link down, then every
+        process of its namespace (slurmd, its agent, the job's steps) killed. The slurm
+        backend's fence command for a node that cannot confirm a cancel (``--fence-command``):
+        behind a partition its steps may still run, and only this proves them gone. Returns
+        the pids killed; ``start_node`` (with the link up) brings it back."""
+        info = self.info()
+        if info is None or name not in [n.name for n in info.nodes]:
+            raise SlurmError(f"node {name!r}: not a node of the cluster in {self.root}")
+        return power_off(NETNS_PREFIX + name, host_end([n.name for n in info.nodes], name))
 
     def wait_nodes(self, names: Sequence[str], states: set[str], *,
                    timeout_s: float) -> dict[str, str]:
@@ -636,6 +648,24 @@ def torchrun_argv(info: ClusterInfo, *, nnodes: int, nproc_per_node: int, run_id
              "--local-addr $(ip -o -4 addr show eth0 | awk '{print $4}' | cut -d/ -f1) "
              + " ".join(shlex.quote(a) for a in script))
     return ["bash", "-c", inner]
+
+
+def host_end(names: Sequence[str], node: str) -> str:
+    """The bridge end of a node's link: ``tgsv<i>``, the nodes numbered in order from 1."""
+    return f"tgsv{list(names).index(node) + 1}"
+
+
+def power_off(netns: str, veth: str) -> list[int]:
+    """A node's link down, then every process of its namespace killed (SIGKILL), in that
+    order so that nothing of it gets a last word out; the pids killed."""
+    _run(["ip", "link", "set", veth, "down"])
+    listed = _run(["ip", "netns", "pids", netns])
+    killed = []
+    for pid in (int(p) for p in listed.stdout.split()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
 
 
 def _listening(host: str, port: int) -> bool:

@@ -15,6 +15,7 @@ file system mounted after it started is invisible to its steps).
 from __future__ import annotations
 
 import contextlib
+import shlex
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from trainguard.actuators.journal import Journal
 from trainguard.actuators.slurm_cli import SlurmCli, SlurmCliError
 from trainguard.actuators.slurm_steps import released, step_record_of
 from trainguard.dev.kafka import KafkaBroker
-from trainguard.dev.slurm import AgentPlan, ClusterInfo, ClusterSpec, SlurmCluster
+from trainguard.dev.slurm import AgentPlan, ClusterInfo, ClusterSpec, SlurmCluster, host_end
 from trainguard.drills.job import NODE_LABEL, THREADS, DrillJob
 
 SPEC = ClusterSpec(nodes=3, spares=1)
@@ -35,9 +36,8 @@ AGENT_INTERVAL_S = 1.0  # node_silent: max(10 agent intervals, 10 s) of silence
 
 
 def host_veth(info: ClusterInfo, node: str) -> str:
-    """The bridge end of a node's link (``dev.slurm``: ``tgsv<i>``, nodes in order from 1)."""
-    names = [n.name for n in info.nodes]
-    return f"tgsv{names.index(node) + 1}"
+    """The bridge end of a node's link."""
+    return host_end([n.name for n in info.nodes], node)
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,13 @@ class ClusterJob(DrillJob):
     agents_root: str = ""  # <cluster>/agents: each node's step socket is <root>/<node>/agent.sock
     alloc: int = 0  # the scenario's Slurm allocation
     conf: str = ""  # SLURM_CONF
+    cluster_root: str = ""  # the dev cluster's state directory (its power-off command's)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """What the job computes (the baseline's key): not where it ran."""
         d = asdict(self)
-        for k in ("agents_root", "alloc", "conf", "extra", "master_addr"):
+        for k in ("agents_root", "alloc", "conf", "cluster_root", "extra", "master_addr"):
             d.pop(k)
         d["stack"] = "slurm"
         return d
@@ -83,7 +84,11 @@ class ClusterJob(DrillJob):
                 "log_dir": str(run_dir / "ranks"), "units": self.units()}
 
     def actuator_args(self) -> list[str]:
-        return ["--backend", "slurm", "--slurm-job", str(self.alloc)]
+        """The slurm backend on the allocation; its fence agent the dev cluster's power-off
+        (a BMC's stand-in: a node cut off is powered off before its steps count as gone)."""
+        fence = shlex.join([sys.executable, "-m", "trainguard.cli.main", "dev", "slurm",
+                            "power-off", "{node}", "--state-dir", self.cluster_root])
+        return ["--backend", "slurm", "--slurm-job", str(self.alloc), "--fence-command", fence]
 
     def actuator_env(self) -> dict[str, str]:
         return {"SLURM_CONF": self.conf}
@@ -160,7 +165,8 @@ class ClusterSite:
                              "spare_nodes": tuple(names[SPEC.nodes:]),
                              "master_addr": info.nodes[0].address,
                              "agents_root": str(self.cluster.root / "agents"),
-                             "alloc": alloc, "conf": info.conf})
+                             "alloc": alloc, "conf": info.conf,
+                             "cluster_root": str(self.cluster.root)})
 
     def node_veth(self) -> dict[str, tuple[str, str]]:
         """node -> (its namespace, the bridge end of its link)."""

@@ -48,7 +48,7 @@ from trainguard.drills.job import NODE_LABEL, DrillJob
 from trainguard.drills.live import stable, steady, stop_reason, view
 from trainguard.drills.logtail import LogTail, publish, read_job_log, write_jsonl
 from trainguard.drills.observe import Census, collect_settled
-from trainguard.drills.scenario import FAULT_KINDS, Fault, Scenario
+from trainguard.drills.scenario import FAULT_KINDS, NODE_LOST, Fault, Scenario
 from trainguard.drills.stack import LocalStack
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
@@ -517,7 +517,7 @@ def evaluate_run(sdir: Path, scenario: Scenario, baseline: Baseline | None) -> E
                                   baseline=baseline,
                                   artifacts=Artifacts.from_dict(art) if art else None,
                                   lost_node=scenario.fault.node
-                                  if scenario.fault.kind in ("node_loss", "cluster_node_loss")
+                                  if scenario.fault.kind in NODE_LOST
                                   else None, slurm=archive.get("slurm")))
 
 

@@ -92,13 +92,25 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
     # a node of the Slurm cluster lost as nodes go: its link down, then every process of its
     # network namespace (slurmd, the agent, the ranks) killed
     "cluster_node_loss": FaultKind("node", {}, (), ("none",), held=False),
+    # a node of the Slurm cluster cut off the network (nftables drops everything to and from
+    # it) with everything on it left running; lifted at the end
+    "cluster_partition": FaultKind("node", {}, (), ("remove_fault",), held=True),
+    # the broker stopped (or killed), then a node of the Slurm cluster lost while it is away;
+    # the broker started again at the end of the hold, the node stays lost
+    "cluster_node_loss_in_broker_outage": FaultKind("node", {"mode": ("stop", "kill")},
+                                                    ("mode",), ("start_broker",), held=True),
 }
 
 # Where a scenario runs: ``local`` (the job's ranks launched by the local backend on this
 # machine) or ``slurm`` (the dev Slurm cluster, 3 nodes + 1 spare with an agent each, the job's
 # ranks launched as steps by the slurm backend). Faults that need the cluster:
 STACKS: Final = ("local", "slurm")
-CLUSTER_ONLY: Final = frozenset({"cluster_node_loss"})
+CLUSTER_ONLY: Final = frozenset({"cluster_node_loss", "cluster_partition",
+                                  "cluster_node_loss_in_broker_outage"})
+# ... and of those, the ones that take a node out of service: the evidence checks nothing is
+# bound there again
+NODE_LOST: Final = frozenset({"node_loss", "cluster_node_loss", "cluster_partition",
+                               "cluster_node_loss_in_broker_outage"})
 # ... and those that act on the drill's loop-mounted checkpoint file system, which only the
 # local stack has (the cluster's checkpoints are in its shared directory: ``slurmd`` runs in
 # its own mount namespace and would not see a file system mounted after it started)

@@ -56,6 +56,7 @@ class Knobs:
     no_fence: bool = False  # the victim's old replica is never fenced
     bind_before_fence: bool = False  # the new epoch is bound before the old one is fenced
     loss_drift: float = 0.0  # added to every loss after the resume
+    drift_after: int = 0  # ... from this many steps after it on
     corrupt_newest: bool = False  # newest checkpoint reported corrupt; previous one used
     ignore_corrupt: bool = False  # ... but the job still resumed from the corrupt one
     lose_report: bool = False  # one step report of the new epoch is missing
@@ -175,7 +176,8 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
         for r in range(k.world):
             if step == missing and r == 0:
                 continue
-            _step(log, k, t + r, r, 2, step, new_pid[r], k.loss_drift, k.position_offset)
+            drift = k.loss_drift if step - start >= k.drift_after else 0.0
+            _step(log, k, t + r, r, 2, step, new_pid[r], drift, k.position_offset)
         if k.duplicate and step < start + 3:
             _step(log, k, t + 5, k.victim, 1, k.steps_before + step - start + 1,
                   old_pid[k.victim])

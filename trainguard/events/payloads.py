@@ -342,18 +342,21 @@ def kinds_of(verdict_class: VerdictClass) -> frozenset[VerdictKind]:
 
 
 class ExitEvidence(BaseModel):
-    """The part of a verdict's evidence the policy reads: the replica (``pid``) the verdict is
-    about and how it ended. The ``process_exit`` rule writes it (``as_evidence``), the policy
-    reads it back (``of``); on the wire it stays fields of the flat ``Verdict.evidence``."""
+    """The part of a verdict's evidence the policy reads: the replica the verdict is about
+    (``pid``, and ``binding_epoch`` when the exit was matched to a binding) and how it ended.
+    The ``process_exit`` rule writes it (``as_evidence``), the policy reads it back (``of``);
+    on the wire it stays fields of the flat ``Verdict.evidence``."""
 
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
 
     pid: Annotated[int, Field(gt=0)] | None = None
     exit_code: int | None = None
     signal: int | None = None
+    binding_epoch: Annotated[int, Field(ge=0)] | None = None
 
     def as_evidence(self) -> FlatMap:
-        return {"pid": self.pid, "exit_code": self.exit_code, "signal": self.signal}
+        return {"pid": self.pid, "exit_code": self.exit_code, "signal": self.signal,
+                "binding_epoch": self.binding_epoch}
 
     @classmethod
     def of(cls, evidence: FlatMap) -> ExitEvidence:

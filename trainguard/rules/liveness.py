@@ -22,7 +22,9 @@ when the node is heard again (an agent record or a report located there), or whe
 job's ranks is there any more (each rebound at a new epoch or reporting from another node:
 the job left it).
 
-``ProcessExitRule``: a rank process ended with a non-zero code or a signal; resolved when the
+``ProcessExitRule``: a rank process ended with a non-zero code, a signal, or a status nobody
+could read (the agent is not its parent: under Slurm ``slurmstepd`` reaps it before the
+agent sees the zombie; only exit code 0 with no signal is clean); resolved when the
 rank reports a step after it (a new process took over: the engine has already dropped the
 reports and exits of replicas older than the newest binding epoch).
 """
@@ -292,7 +294,7 @@ class ProcessExitRule(RuleBase):
 
     def _exit(self, event: Event) -> tuple[str, dict[str, Any]] | None:
         ex = cast(ProcessExit, event.payload)
-        clean = (ex.exit_code in (0, None)) and ex.signal is None
+        clean = ex.exit_code == 0 and ex.signal is None  # an unread status is no proof of health
         if clean and self.p["ignore_clean_exit"]:
             return None
         key = f"rank:{ex.rank}" if ex.rank is not None else f"pid:{event.subject.node}:{ex.pid}"
@@ -301,6 +303,6 @@ class ProcessExitRule(RuleBase):
                                                                 rank=ex.rank),
                      "severity": None, "first_time": t, "decided_time": t,
                      "evidence": {**ExitEvidence(pid=ex.pid, exit_code=ex.exit_code,
-                                                 signal=ex.signal).as_evidence(),
-                                  "detected_by": ex.detected_by,
-                                  "binding_epoch": ex.binding_epoch}}
+                                                 signal=ex.signal,
+                                                 binding_epoch=ex.binding_epoch).as_evidence(),
+                                  "detected_by": ex.detected_by}}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from trainguard.drills.evidence.log import JobLog
 from trainguard.events.payloads import (
+    CheckpointAction,
     Command,
     CommandOutcome,
     FenceData,
@@ -28,6 +29,8 @@ def timings(log: JobLog, settle_steps: int) -> dict[str, float | int | None]:
             if isinstance(e.payload, Command) and e.event_time >= fault]
     fenced = [e.event_time for e in log.unit_events(UnitState.FENCED) if e.event_time >= fault]
     bound = [e.event_time for e in log.unit_events(UnitState.BOUND) if e.event_time >= fault]
+    # a rank of the new binding loaded the checkpoint: rendezvous and restore are done
+    loaded = [e.event_time for e in log.ckpt(CheckpointAction.LOADED) if e.event_time >= fault]
     old = log.epoch_before(fault)
     end = log.fault_end() or fault
     new = sorted((s for s in log.steps if old is not None and s.epoch > old),
@@ -51,6 +54,7 @@ def timings(log: JobLog, settle_steps: int) -> dict[str, float | int | None]:
         "first_command_s": since(min(cmds) if cmds else None),
         "fenced_s": since(min(fenced) if fenced else None),
         "bound_s": since(max(bound) if bound else None),
+        "restored_s": since(min(loaded) if loaded else None),
         "first_step_after_s": since(after[0].time if after else None),
         "stable_s": since(stable_at),
         "steps_redone": redone,

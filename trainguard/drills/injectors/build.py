@@ -18,7 +18,7 @@ from trainguard.drills.injectors import (
     storage,
 )
 from trainguard.drills.injectors.base import InjectionError, Injector
-from trainguard.drills.scenario import Fault
+from trainguard.drills.scenario import CLUSTER_ONLY, Fault
 from trainguard.netlab import VethLab
 
 
@@ -62,13 +62,18 @@ def build(fault: Fault, target: Target, rollback: str = "none") -> Injector:
         assert fault.node is not None
         ranks = target.node_ranks(fault.node)
         return signals.NodeLoss(target.pids(ranks), str(p["signal"]), fault.node)
-    if fault.kind == "cluster_node_loss":
+    if fault.kind in CLUSTER_ONLY:
         assert fault.node is not None
         if target.cluster_nodes is None or fault.node not in target.cluster_nodes:
             raise InjectionError(f"node {fault.node!r}: not a node of the drill's Slurm "
                                  f"cluster ({sorted(target.cluster_nodes or {})})")
         netns, veth = target.cluster_nodes[fault.node]
-        return cluster.ClusterNodeLoss(fault.node, netns, veth)
+        if fault.kind == "cluster_partition":
+            return cluster.ClusterPartition(fault.node, netns, veth)
+        loss = cluster.ClusterNodeLoss(fault.node, netns, veth)
+        if fault.kind == "cluster_node_loss":
+            return loss
+        return cluster.InOutage(broker.BrokerOutage(target.broker, str(p["mode"])), loss)
     if fault.kind in ("storage_stall", "storage_loss") and target.image is None:
         raise InjectionError(f"{fault.kind}: {target.mountpoint} is a plain directory, not "
                              "the drill's loop-mounted file system")

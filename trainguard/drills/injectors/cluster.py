@@ -1,15 +1,27 @@
-"""A node of the dev Slurm cluster lost as nodes go: its link downed, then every process of its
+"""Faults of a node of the dev Slurm cluster.
+
+``ClusterNodeLoss``: the node lost as nodes go: its link downed, then every process of its
 network namespace killed (slurmd, the node's agent, the job's ranks), in that order, so that
 nothing of it gets a last word out. ``undo`` leaves it lost (the drill's teardown brings the
-node back); it is held by nobody."""
+node back); it is held by nobody.
+
+``ClusterPartition``: the node cut off the network with everything on it still running (a
+switch port or a cable gone): nftables ``netdev`` ingress chains that drop every packet, one on
+the bridge end of its link (what it sends), one on its ``eth0`` inside its namespace (what it
+receives). Silent loss both ways, as on a wire: no sender learns of it from its own stack
+(an ``output`` drop would fail its sends at once with EPERM). ``undo`` deletes both tables: the
+node is heard again, and Slurm tells its slurmd to end what it no longer lists.
+
+``InOutage``: a fault injected while the broker is away (a node lost during a control-plane
+outage)."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
+from collections.abc import Sequence
 
-from trainguard.drills.injectors.base import Acted, InjectionError
+from trainguard.dev.slurm import SlurmError, power_off
+from trainguard.drills.injectors.base import Acted, InjectionError, Injector
 from trainguard.events.clock import now_us
 
 
@@ -19,23 +31,11 @@ class ClusterNodeLoss:
 
     def inject(self) -> Acted:
         t = now_us()
-        down = subprocess.run(["ip", "link", "set", self.veth, "down"], capture_output=True,
-                              text=True, check=False)
-        if down.returncode != 0:
-            raise InjectionError(f"node {self.node}: ip link set {self.veth} down: "
-                                 f"{down.stderr.strip()}")
-        listed = subprocess.run(["ip", "netns", "pids", self.netns], capture_output=True,
-                                text=True, check=False)
-        if listed.returncode != 0:
-            raise InjectionError(f"node {self.node}: ip netns pids {self.netns}: "
-                                 f"{listed.stderr.strip()}")
-        killed: list[str | int | float | bool | None] = []
-        for pid in (int(p) for p in listed.stdout.split()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            except ProcessLookupError:
-                pass
+        try:
+            killed: list[str | int | float | bool | None] = list(power_off(self.netns,
+                                                                            self.veth))
+        except SlurmError as exc:
+            raise InjectionError(f"node {self.node}: {exc}") from None
         if not killed:
             raise InjectionError(f"node {self.node}: nothing ran in {self.netns}")
         return Acted(t, {"node": self.node, "link": f"{self.veth} down", "pids": killed,
@@ -44,3 +44,70 @@ class ClusterNodeLoss:
     def undo(self) -> Acted:
         return Acted.now(node=self.node, undo="none: a lost node stays lost until the drill's "
                          "teardown brings it back")
+
+
+PARTITION_TABLE = "tg_partition"
+
+
+def _nft(prefix: Sequence[str], script: str, what: str) -> None:
+    done = subprocess.run([*prefix, "nft", "-f", "-"], input=script, capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise InjectionError(f"{what}: nft: {done.stderr.strip()}")
+
+
+def drop_all(device: str) -> str:
+    """An nft script: a ``netdev`` table whose ingress chain on ``device`` drops everything."""
+    return (f"table netdev {PARTITION_TABLE} {{\n"
+            f"  chain in {{ type filter hook ingress device \"{device}\" priority 0; "
+            f"policy drop; }}\n}}\n")
+
+
+class ClusterPartition:
+    def __init__(self, node: str, netns: str, veth: str) -> None:
+        self.node, self.netns, self.veth = node, netns, veth
+        self.sides: list[tuple[str, ...]] = []  # the command prefixes whose table is in place
+
+    def inject(self) -> Acted:
+        for prefix, device in (((), self.veth), (("ip", "netns", "exec", self.netns), "eth0")):
+            _nft(prefix, drop_all(device), f"node {self.node}: partition {device}")
+            self.sides.append(prefix)
+        return Acted.now(node=self.node, partition=f"{self.veth} and {self.netns}:eth0 "
+                         "ingress dropped", processes="left running")
+
+    def undo(self) -> Acted:
+        errors = []
+        for prefix in self.sides:
+            done = subprocess.run([*prefix, "nft", "delete", "table", "netdev", PARTITION_TABLE],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                errors.append(done.stderr.strip())
+        self.sides = []
+        if errors:
+            raise InjectionError(f"node {self.node}: partition not lifted: {'; '.join(errors)}")
+        return Acted.now(node=self.node, undo="partition lifted")
+
+
+class InOutage:
+    """``fault`` injected while the broker is away: the outage first, then the fault (its time
+    is the fault's); ``undo`` brings the broker back and undoes the fault. Whatever the nodes'
+    agents saw meanwhile is in their spools; the lost node's never comes."""
+
+    def __init__(self, outage: Injector, fault: Injector) -> None:
+        self.outage, self.fault = outage, fault
+
+    def inject(self) -> Acted:
+        away = self.outage.inject()
+        try:
+            acted = self.fault.inject()
+        except InjectionError:
+            self.outage.undo()
+            raise
+        return Acted(acted.at_us, {**acted.params,
+                                   **{f"broker_{k}": v for k, v in away.params.items()}})
+
+    def undo(self) -> Acted:
+        back = self.outage.undo()
+        fault = self.fault.undo()
+        return Acted(back.at_us, {**fault.params,
+                                  **{f"broker_{k}": v for k, v in back.params.items()}})
