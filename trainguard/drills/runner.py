@@ -385,11 +385,12 @@ def _close_window(live: _Live) -> Artifacts | None:
             _undo(live.injectors, live.rec, "rollback" if res.abort else "stop")
         except InjectionError as exc:
             res.abort = (res.abort or "") + f"; rollback failed: {exc}"
-    if live.site is not None and isinstance(live.job, ClusterJob) and live.scenario.fault.node:
-        # Slurm's own word on the lost node's steps, before the drill stops anything
+    node = _fault_node(live.scenario.fault, live.job)
+    if live.site is not None and isinstance(live.job, ClusterJob) and node is not None:
+        # Slurm's own word on the faulty node's steps, before the drill stops anything
         facts = live.site.step_facts(
             live.stack.actuator_dir(res.job_id) / "logs" / "slurm-steps.journal", res.job_id,
-            live.job.alloc, live.scenario.fault.node)
+            live.job.alloc, node)
         res.archive["slurm"] = facts.to_dict()
     try:
         return collect_settled(live.ckpt, live.census)
@@ -519,6 +520,16 @@ def evaluate_run(sdir: Path, scenario: Scenario, baseline: Baseline | None) -> E
                                   lost_node=scenario.fault.node
                                   if scenario.fault.kind in NODE_LOST
                                   else None, slurm=archive.get("slurm")))
+
+
+def _fault_node(fault: Fault, job: DrillJob) -> str | None:
+    """The node a fault acts on: the one it names, or on the cluster the node its rank ran
+    on when the job started (one rank per node)."""
+    if fault.node is not None:
+        return fault.node
+    if isinstance(job, ClusterJob) and fault.rank is not None and fault.rank < len(job.nodes):
+        return job.nodes[fault.rank]
+    return None
 
 
 def run_drills(scenarios: Sequence[Scenario], *, job: DrillJob | None = None,
