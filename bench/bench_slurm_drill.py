@@ -109,6 +109,11 @@ def main() -> None:
     if totals:
         print(f"node loss -> stepping on the spare: median {statistics.median(totals):.1f} s, "
               f"max {max(totals):.1f} s over {len(totals)} run(s) (target <= 60 s)")
+    print("torchrun alone (not run: reasoned from its rendezvous): the survivors' agents see the "
+          "lost peer when the collective times out (gloo 20 s here) and re-rendezvous; with "
+          "--nnodes 3 they wait for a third node that never comes (rdzv timeout 900 s) and the "
+          "job fails; with 2:3 it goes on with 2 nodes, a smaller world; the spare is never "
+          "brought in")
 
 
 if __name__ == "__main__":
