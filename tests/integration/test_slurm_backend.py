@@ -9,8 +9,6 @@ the spare at a new epoch; a stale report of the old epoch finds its step gone.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +22,7 @@ from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.slurm import SlurmBackend
 from trainguard.actuators.slurm_cli import SlurmCli
 from trainguard.actuators.slurm_view import NodeHealth, SlurmJob
-from trainguard.dev.slurm import NETNS_PREFIX, ClusterSpec, SlurmCluster
+from trainguard.dev.slurm import NETNS_PREFIX, ClusterSpec, SlurmCluster, power_off
 
 pytestmark = pytest.mark.integration
 
@@ -89,30 +87,15 @@ def job_none() -> SlurmJob:
 
 
 def lose_node(name: str, veth: str) -> None:
-    subprocess.run(["ip", "link", "set", veth, "down"], check=True)
-    pids = subprocess.run(["ip", "netns", "pids", NETNS_PREFIX + name], capture_output=True,
-                          text=True, check=True).stdout.split()
-    for pid in pids:
-        try:
-            os.kill(int(pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    power_off(NETNS_PREFIX + name, veth)  # as nodes go: link down, every process killed
 
 
 def test_node_loss_fenced_by_step_and_rebound_on_the_spare(cluster: SlurmCluster,
                                                           tmp_path: Path) -> None:
     info = cluster.info()
     assert info is not None
-    env = cluster.client_env()
-    cli = SlurmCli(env)
-    done = subprocess.run(["sbatch", "--parsable", "--no-kill", "-N3", "-w", "tgn1,tgn2,tgn3",
-                           "-o", "/dev/null", "--wrap", "sleep 600"], env=env,
-                          capture_output=True, text=True, check=True)
-    alloc = int(done.stdout.strip().split(";")[0])
-    deadline = time.monotonic() + 30
-    while (j := cli.job(alloc)) is None or j.state != "RUNNING":
-        assert time.monotonic() < deadline, j
-        time.sleep(0.2)
+    cli, alloc = allocate(cluster)
+    env = cli.env
     try:
         shared = Path(info.shared_dir)
         job = JobSpec(job_id="sj", world_size=2,

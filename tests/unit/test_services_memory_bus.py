@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import pytest
 
 from tests import keys
 from trainguard.actuators import signing
-from trainguard.actuators.backend import Released, Replica, SetsQuota, StaleAction
+from trainguard.actuators.backend import KnowsHealth, Released, Replica, SetsQuota, StaleAction
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.policy import PolicyConfig
@@ -297,6 +297,42 @@ def test_a_backend_without_quota_says_so_in_its_units_and_fails_raise_quota(
     assert units and all(not u.quota for u in units)
     done = _outcomes(bus)[-1]
     assert done.status is OutcomeStatus.FAILED and "sets no CPU quota" in done.detail
+
+
+class SchedulerBackend(FakeBackend):
+    """A backend whose scheduler finds the spare unusable (as Slurm's sinfo can)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[str]] = []
+
+    def unusable(self, units: Sequence[str]) -> dict[str, str]:
+        self.asked.append(list(units))
+        return {"spare": "slurm: down+NOT_RESPONDING"}
+
+
+def test_a_spare_the_scheduler_finds_unusable_is_registered_failed(tmp_path: Path) -> None:
+    bus = MemoryBus()
+    backend = SchedulerBackend()
+    assert isinstance(backend, KnowsHealth) and not isinstance(FakeBackend(), KnowsHealth)
+    opts = ActuatorOptions(job=_job(tmp_path), key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True)
+
+    def units() -> dict[str, PoolUnit]:
+        return {e.payload.unit: e.payload for e in bus.events(TopicRole.OUTCOMES)
+                if isinstance(e.payload, PoolUnit)}
+
+    async def go() -> None:
+        await run_until(Actuator(bus, opts, backend).run,
+                        lambda: units().get("u0", None) is not None
+                        and units()["u0"].state is UnitState.BOUND)
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    got = units()
+    assert backend.asked == [["spare"]]  # only the spares are asked about
+    assert got["spare"].state is UnitState.FAILED
+    assert got["spare"].reason == "registered from the job spec: slurm: down+NOT_RESPONDING"
+    assert got["u0"].state is UnitState.BOUND  # the rank's own unit is launched as before
 
 
 # --- alerts --------------------------------------------------------------------------------

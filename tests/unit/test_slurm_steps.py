@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from trainguard.actuators.slurm_cli import SlurmCliError
 from trainguard.actuators.slurm_steps import (
     StepRecord,
     fence_start,
@@ -26,6 +27,8 @@ from trainguard.actuators.slurm_view import (
     SlurmJob,
     SlurmNode,
     parse_scontrol_steps,
+    parse_sinfo_json,
+    parse_squeue_json,
     pool,
 )
 
@@ -111,3 +114,35 @@ def test_the_pool_joins_slurm_with_the_agents() -> None:
     silent = {p.name: p.placeable for p in join_pool(view, heard={"tgn1"})}
     assert silent == {"tgn1": True, "tgn2": False, "tgn3": False}  # Slurm-usable, agent silent
     assert all(p.agent for p in join_pool(view, heard=None))
+
+
+class _ViewCli:
+    """Slurm's view from the captured fixtures (job 3 on tgn1,tgn3; tgn2 drained)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def nodes(self) -> list[SlurmNode]:
+        if self.fail:
+            raise SlurmCliError("sinfo --json: no answer in 15 s")
+        return parse_sinfo_json((FIX / "sinfo_drain.json").read_text())
+
+    def job(self, job_id: int) -> SlurmJob | None:
+        return next((j for j in parse_squeue_json((FIX / "squeue_running.json").read_text())
+                     if j.job_id == job_id), None)
+
+
+def test_the_pool_joins_the_spec_with_slurms_view(tmp_path: Path) -> None:
+    from trainguard.actuators.backend import KnowsHealth
+    from trainguard.actuators.slurm import SlurmBackend
+
+    be = SlurmBackend(_ViewCli(), 3, tmp_path)  # type: ignore[arg-type]
+    assert isinstance(be, KnowsHealth)
+    assert be.unusable(["tgn1", "tgn2", "tgn3", "tgn4", "tgn9"]) == {
+        "tgn2": "slurm: idle+DRAIN, reason 'tg incident i-123'",
+        "tgn4": "slurm: not in allocation 3 (tgn1,tgn3)",
+        "tgn9": "slurm knows no node tgn9",
+    }
+    # Slurm's view unreadable: the job spec stands
+    blind = SlurmBackend(_ViewCli(fail=True), 3, tmp_path)  # type: ignore[arg-type]
+    assert blind.unusable(["tgn2"]) == {}

@@ -6,6 +6,7 @@ designed in docs/actuators.md (the calls they would make), not implemented.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -85,6 +86,17 @@ class SetsQuota(Protocol):
     gets tier 1's windows to clear by itself before tier 2)."""
 
     def set_quota(self, job: JobSpec, unit: UnitSpec, pct: float | None) -> str: ...
+
+
+@runtime_checkable
+class KnowsHealth(Protocol):
+    """A backend whose scheduler keeps its own view of each unit (Slurm: sinfo's node state and
+    the allocation). ``unusable(units)`` maps each of ``units`` the scheduler would place no
+    work on now to why; a unit it leaves out is usable. The executor registers a spare of the
+    job spec that is unusable as ``failed`` with that reason, never as a spare: the pool is the
+    spec joined with the scheduler's view. A view that cannot be read leaves the spec's."""
+
+    def unusable(self, units: Sequence[str]) -> Mapping[str, str]: ...
 
 
 @runtime_checkable

@@ -45,7 +45,14 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from trainguard.actuators import cgroups
-from trainguard.actuators.backend import Backend, Quarantines, Replica, SetsQuota, UnitNodes
+from trainguard.actuators.backend import (
+    Backend,
+    KnowsHealth,
+    Quarantines,
+    Replica,
+    SetsQuota,
+    UnitNodes,
+)
 from trainguard.actuators.fencing import FenceError, is_stale
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
 from trainguard.actuators.journal import Intent, Journal, Phase, in_flight, phase_record
@@ -173,10 +180,18 @@ class Executor:
     # --- the job --------------------------------------------------------------------------
 
     def register_units(self) -> list[str]:
-        """Units of the spec the pool has never seen become spares (the event says so)."""
+        """Units of the spec the pool has never seen become spares (the event says so), but a
+        spare the backend's scheduler finds unusable (``KnowsHealth``) is registered failed,
+        with its word."""
         new = [u.name for u in self.job.units if u.name not in self.pool.units]
+        spares = [u.name for u in self.job.units if u.name in new and u.rank is None]
+        bad = self.backend.unusable(spares) if isinstance(self.backend, KnowsHealth) else {}
         for name in new:
-            self.unit_event(name, UnitState.SPARE, reason="registered from the job spec")
+            if name in bad:
+                self.unit_event(name, UnitState.FAILED,
+                                reason=f"registered from the job spec: {bad[name]}")
+            else:
+                self.unit_event(name, UnitState.SPARE, reason="registered from the job spec")
         return new
 
     def launch(self, placement: dict[int, str], command_id: str | None, reason: str) -> int:

@@ -50,7 +50,7 @@ from trainguard.actuators.slurm_steps import (
     step_name,
     step_record_of,
 )
-from trainguard.actuators.slurm_view import SlurmNode, SlurmPool, pool
+from trainguard.actuators.slurm_view import NodeHealth, SlurmNode, SlurmPool, pool
 from trainguard.events.payloads import StopProof
 
 log = logging.getLogger(__name__)
@@ -224,6 +224,29 @@ class SlurmBackend:
             raise FenceError(f"node {unit}: fence command {shlex.join(argv)}: exit "
                              f"{done.returncode}: {tail}")
         return "powered off"
+
+    def unusable(self, units: Sequence[str]) -> dict[str, str]:
+        """Slurm's view of the units (``KnowsHealth``): a node Slurm does not know, one that
+        is down, drained or not responding, or one outside the allocation. Unreadable: none
+        (the job spec stands; a migrate still probes its spare)."""
+        try:
+            nodes = {n.name: n for n in self.cli.nodes()}
+            alloc = self.cli.job(self.alloc)
+        except SlurmCliError as exc:
+            log.warning("pool: Slurm's view unreadable, the job spec stands: %s", exc)
+            return {}
+        out: dict[str, str] = {}
+        for unit in units:
+            node = nodes.get(unit)
+            if node is None:
+                out[unit] = f"slurm knows no node {unit}"
+            elif node.health is not NodeHealth.USABLE:
+                flags = "+".join(node.flags)
+                out[unit] = (f"slurm: {node.state}{'+' + flags if flags else ''}"
+                             f"{', reason ' + repr(node.reason) if node.reason else ''}")
+            elif alloc is not None and unit not in alloc.nodes:
+                out[unit] = f"slurm: not in allocation {self.alloc} ({','.join(alloc.nodes)})"
+        return out
 
     def node_of(self, unit: str) -> str:
         """A unit is a Slurm node: its ``pool.unit`` events are located there (``UnitNodes``)."""
