@@ -46,7 +46,9 @@ class ClusterNodeLoss:
                          "teardown brings it back")
 
 
-PARTITION_TABLE = "tg_partition"
+def partition_table(device: str) -> str:
+    """One table per device: two partitioned nodes never share (or delete) one."""
+    return f"tg_partition_{device}"
 
 
 def _nft(prefix: Sequence[str], script: str, what: str) -> None:
@@ -58,7 +60,7 @@ def _nft(prefix: Sequence[str], script: str, what: str) -> None:
 
 def drop_all(device: str) -> str:
     """An nft script: a ``netdev`` table whose ingress chain on ``device`` drops everything."""
-    return (f"table netdev {PARTITION_TABLE} {{\n"
+    return (f"table netdev {partition_table(device)} {{\n"
             f"  chain in {{ type filter hook ingress device \"{device}\" priority 0; "
             f"policy drop; }}\n}}\n")
 
@@ -66,19 +68,20 @@ def drop_all(device: str) -> str:
 class ClusterPartition:
     def __init__(self, node: str, netns: str, veth: str) -> None:
         self.node, self.netns, self.veth = node, netns, veth
-        self.sides: list[tuple[str, ...]] = []  # the command prefixes whose table is in place
+        self.sides: list[tuple[tuple[str, ...], str]] = []  # (command prefix, device) in place
 
     def inject(self) -> Acted:
         for prefix, device in (((), self.veth), (("ip", "netns", "exec", self.netns), "eth0")):
             _nft(prefix, drop_all(device), f"node {self.node}: partition {device}")
-            self.sides.append(prefix)
+            self.sides.append((prefix, device))
         return Acted.now(node=self.node, partition=f"{self.veth} and {self.netns}:eth0 "
                          "ingress dropped", processes="left running")
 
     def undo(self) -> Acted:
         errors = []
-        for prefix in self.sides:
-            done = subprocess.run([*prefix, "nft", "delete", "table", "netdev", PARTITION_TABLE],
+        for prefix, device in self.sides:
+            done = subprocess.run([*prefix, "nft", "delete", "table", "netdev",
+                                   partition_table(device)],
                                   capture_output=True, text=True, check=False)
             if done.returncode != 0:
                 errors.append(done.stderr.strip())
