@@ -115,7 +115,7 @@ class Loop:
     """decide + actuator as real processes on one job of WORLD ranks and one spare."""
 
     def __init__(self, kafka: KafkaConfig, tmp: Path, *, window_s: float = 5.0,
-                 use_cgroups: bool = False,
+                 use_cgroups: bool = False, outcome_timeout_s: float = 180.0,
                  units: Callable[[str], list[dict[str, Any]]] | None = None) -> None:
         self.kafka, self.tmp = kafka, tmp
         self.job = f"job-{uuid.uuid4().hex[:8]}"
@@ -136,7 +136,8 @@ class Loop:
         self.procs = [
             subprocess.Popen([*base, "decide", *kafka_args, "--window-s", str(window_s),
                                      "--tier-windows", "2", "--settle-s", "1",
-                                     "--quota-pct", "200", "--checkpoint-wait-s", "2"],
+                                     "--quota-pct", "200", "--checkpoint-wait-s", "2",
+                                     "--outcome-timeout-s", str(outcome_timeout_s)],
                              env=env),
             subprocess.Popen([*base, "actuator", *kafka_args, "--job-spec",
                                      str(tmp / "job.yaml"), "--launch", "--state-dir",

@@ -283,6 +283,9 @@ def test_a_cut_off_node_is_powered_off_before_its_step_counts_as_gone(
         assert all(psutil.pid_exists(p) for p in pids.values())
         for part in parts:
             part.inject()
+        # what the executor does for a verdict that blames a node: quarantine it, then fence
+        blind.quarantine(job, "tgn1", "test: verdict blames tgn1")
+        fenced.quarantine(job, "tgn2", "test: verdict blames tgn2")
         said0 = blind.fence(job, r0).items[0]
         said1 = fenced.fence(job, r1).items[0]
         assert "not powered off" in said0 and psutil.pid_exists(pids[0]), said0  # the hazard
