@@ -1,6 +1,7 @@
 """Rule evaluators: offline replay rate, straggler time-to-verdict, false verdicts on noise.
 
     .venv/bin/python -m bench.bench_rules
+    .venv/bin/python -m bench.bench_rules --levels 1.15,1.3,1.6,2.0 --levels 1.1,1.2,1.4,2.0
 
 Prints figures; nothing is asserted (targets: >= 500k samples/s, <= 5 steps at 1.5x, 0 false
 verdicts over 100k rank-steps with +-10% and +-20% noise and with a rotating slowest rank). A
@@ -9,10 +10,17 @@ for the straggler rule as it was before issue 14 ("before", bench/legacy_straggl
 on main before the replay-rate work ("main", bench/main_straggler.py: same output, byte for
 byte) and as it is ("after"), in the same run; a side-by-side table of the replay rates with
 the ratios after/before (the pre-issue baseline) and after/main follows them.
+
+``--levels L1,L2,...`` (repeatable) prints only the trade-off the straggler's ``effect_levels``
+make, one row per set: time-to-verdict at 1.1-2x, false verdicts on noise, and the quality
+suite's precision and recall with the cases it gets wrong (the suite is what holds a faster
+level back: real traces drift where the synthetic noise does not).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import random
 import statistics
 import time
@@ -24,6 +32,8 @@ import orjson
 from bench.legacy import legacy_ruleset, legacy_straggler, main_straggler
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeTelemetry, StepReport, Verdict
+from trainguard.quality.cases import all_cases
+from trainguard.quality.score import score_suite
 from trainguard.rules import RuleEngine, RuleSet, load_default_rules, replay
 from trainguard.rules.synth import gpu, job_steps, step_report, telemetry
 
@@ -125,8 +135,46 @@ def variants(rules: RuleSet) -> list[tuple[str, RuleSet, AbstractContextManager[
             ("after", rules, nullcontext())]
 
 
+def with_levels(rules: RuleSet, levels: list[float]) -> RuleSet:
+    """``rules`` with the straggler's ``effect_levels`` replaced."""
+    return RuleSet(tuple(dataclasses.replace(r, params={**r.params, "effect_levels": levels})
+                         if r.kind == "straggler" else r for r in rules.rules),
+                   rules.allowed_lateness_us, source=f"{rules.source} (levels {levels})")
+
+
+def levels_table(rules: RuleSet, sets: list[list[float]]) -> None:
+    print("straggler effect_levels: time-to-verdict (median/max steps, missed of 7; 16 ranks, "
+          "+-10% noise), false verdicts per 100k rank-steps, the quality suite")
+    for levels in sets:
+        rs = with_levels(rules, levels)
+        straggler = only(rs, lambda k: k == "straggler")
+        cells = []
+        for factor in (1.1, 1.15, 1.2, 1.5, 2.0):
+            got = time_to_verdict(factor, straggler)
+            found = [g for g in got if g is not None]
+            med = statistics.median(found) if found else None
+            cells.append(f"{factor}x {med}/{max(found) if found else None}"
+                         f"/{len(got) - len(found)}")
+        fv = [false_verdicts(straggler, ev) for ev in
+              (noise_steps(0.1), noise_steps(0.2), rotating_steps())]
+        scores, totals = score_suite([c for c in all_cases() if "large" not in c.tags], rs)
+        wrong = [f"{s.case.name}: {', '.join(s.false) or 'missed'}" for s in scores
+                 if (s.precision, s.recall) != (1.0, 1.0)]
+        print(f"  {levels}: " + "  ".join(cells) + f"  | false {fv[0]}/{fv[1]}/{fv[2]}"
+              f"  | suite P {totals.precision:.3f} R {totals.recall:.3f}"
+              + (f"  wrong: {'; '.join(wrong)}" if wrong else ""))
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--levels", action="append", default=[],
+                    type=lambda v: [float(x) for x in v.split(",")],
+                    help="only the effect_levels trade-off, for these levels (repeatable)")
+    args = ap.parse_args()
     rules = load_default_rules()
+    if args.levels:
+        levels_table(rules, args.levels)
+        return
     t_start = time.perf_counter()
     mixed = mixed_log(ranks=32, steps=1500, nodes=4)
     steps_only = [e for e in mixed if isinstance(e.payload, StepReport)]
