@@ -298,3 +298,36 @@ def test_a_cut_off_node_is_powered_off_before_its_step_counts_as_gone(
         with contextlib.suppress(Exception):
             cluster.power_off("tgn1")
         subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)
+
+
+def test_a_spare_is_probed_on_its_node_for_storage_and_its_agent(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The probe step runs on the node (its namespace, its slurmd): the shared directory takes
+    a file and the node's agent socket (named per node with ``{unit}`` in the job's env, as the
+    drills' job does) answers. A stand-in agent holds tgn2's socket; tgn3 has none."""
+    import socket
+
+    cli, alloc = allocate(cluster)
+    info = cluster.info()
+    assert info is not None
+    shared = Path(info.shared_dir)
+    agents = shared / f"probe-agents-{alloc}"
+    (agents / "tgn2").mkdir(parents=True, exist_ok=True)
+    job = JobSpec(job_id="sj4", world_size=1, command=("true",),
+                  units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", ()), UnitSpec("tgn3", ())),
+                  ckpt_dir=shared,
+                  env={"TRAINGUARD_AGENT_SOCKET": f"{agents}/{{unit}}/agent.sock"})
+    backend = SlurmBackend(cli, alloc, tmp_path)
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    held.bind(str(agents / "tgn2" / "agent.sock"))
+    try:
+        assert backend.unreachable(job, job.unit("tgn2")) is None
+        assert backend.unreachable(job, job.unit("tgn3")) == (
+            f"tgn3: its trainguard agent does not answer: agent socket "
+            f"{agents}/tgn3/agent.sock: No such file or directory")
+        plain = JobSpec(job_id="sj4", world_size=1, command=("true",), units=job.units,
+                        ckpt_dir=shared)
+        assert backend.unreachable(plain, job.unit("tgn3")) is None  # no socket named
+    finally:
+        held.close()
+        subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)

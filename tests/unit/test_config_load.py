@@ -214,3 +214,12 @@ def test_any_job_spec_loads_into_one_that_launches_or_gives_one_line(
         assert all(c >= 0 for c in unit.cpus)
     assert all("\0" not in k + v for k, v in spec.env.items())
     assert 0 <= spec.grace_s < float("inf") and spec.node and str(spec.ckpt_dir)
+
+
+def test_a_unit_placeholder_in_env_is_the_units_name_and_nothing_else_expands() -> None:
+    spec = parse_job_spec({**SPEC, "env": {"TRAINGUARD_AGENT_SOCKET": "/run/tg/{unit}/a.sock",
+                                           "OTHER": "$HOME {rank} {unit}{unit}"}}, "job.yaml")
+    name = spec.units[0].name
+    assert spec.env_for(name) == {"TRAINGUARD_AGENT_SOCKET": f"/run/tg/{name}/a.sock",
+                                  "OTHER": f"$HOME {{rank}} {name}{name}"}
+    assert spec.env["TRAINGUARD_AGENT_SOCKET"] == "/run/tg/{unit}/a.sock"  # the spec as written

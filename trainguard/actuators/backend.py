@@ -74,7 +74,9 @@ class Backend(Protocol):
         ...
 
     def unreachable(self, job: JobSpec, unit: UnitSpec) -> str | None:
-        """Why ``unit`` cannot reach the job's checkpoint storage, or None when it can."""
+        """Why ``unit`` cannot serve the job, or None when it can: the job's checkpoint storage
+        cannot be reached from it (every backend), or its node's agent does not answer on the
+        job's agent socket (Slurm)."""
         ...
 
 

@@ -444,8 +444,8 @@ class Executor:
         staying = [u for r, u in sorted(bound.items()) if placement[r] == u.name]
         blocked = self._unreachable(staying)
         if blocked:
-            return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: the job's storage cannot "
-                          "be reached from " + "; ".join(f"{u}: {why}" for u, why in
+            return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: the job's storage (or its "
+                          "agent) cannot be reached from " + "; ".join(f"{u}: {why}" for u, why in
                                                          sorted(blocked.items()))
                           + "; nothing was fenced", _retry_when_storage(cmd, True))
         intent = Intent(cmd.command_id, cmd.action.value, placement, tuple(quarantine),
@@ -489,8 +489,9 @@ class Executor:
                 log.warning("could not quarantine %s: %s", unit, exc)
 
     def _unreachable(self, units: Iterable[Unit]) -> dict[str, str]:
-        """Unit name -> why it cannot reach the job's storage, for those of ``units`` that
-        cannot. A node's units share its mounts: one probe per node answers for all."""
+        """Unit name -> why it cannot serve the job (the job's storage, or on Slurm the node's
+        agent), for those of ``units`` that cannot. A node's units share its mounts and its
+        agent: one probe per node answers for all."""
         out: dict[str, str] = {}
         by_node: dict[str, str | None] = {}
         for unit in units:

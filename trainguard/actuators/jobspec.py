@@ -17,7 +17,9 @@ units:
 ```
 
 Placeholders in ``command``: ``{job_id} {rank} {world_size} {port} {ckpt_dir} {epoch}
-{unit}``; ``{port}`` is a fresh free local port per launch of the process group.
+{unit}``; ``{port}`` is a fresh free local port per launch of the process group. In ``env``
+values, ``{unit}`` (a node-local path per unit, e.g. ``/run/tg/{unit}/agent.sock`` where
+nodes share a file system); nothing else in them is expanded.
 """
 
 from __future__ import annotations
@@ -88,6 +90,11 @@ class JobSpec:
             if u.name == name:
                 return u
         raise JobSpecError(f"units: no unit named {name!r}")
+
+    def env_for(self, unit: str) -> dict[str, str]:
+        """The ranks' extra environment on ``unit``: ``env`` with ``{unit}`` in its values
+        replaced by the unit's name (what the probe of a spare reads too)."""
+        return {k: v.replace("{unit}", unit) for k, v in self.env.items()}
 
     def argv(self, rank: int, epoch: int, port: int, unit: str) -> list[str]:
         values = {"job_id": self.job_id, "rank": rank, "world_size": self.world_size,

@@ -81,7 +81,7 @@ class LocalBackend:
         if argv[0] == "python":
             argv[0] = sys.executable
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SECRET_ENV)}
-        env = {**inherited, **job.env, "TRAINGUARD_JOB_ID": job.job_id,
+        env = {**inherited, **job.env_for(unit.name), "TRAINGUARD_JOB_ID": job.job_id,
                "TRAINGUARD_RANK": str(rank), "TRAINGUARD_WORLD_SIZE": str(job.world_size),
                "TRAINGUARD_BINDING_EPOCH": str(epoch),
                "TRAINGUARD_UNIT": unit.name}

@@ -202,9 +202,11 @@ def choose_spare(state: PoolState, job: str, replacing: Unit | None,
                  taken: Iterable[str] = ()) -> SpareChoice:
     """The spare a rank of ``job`` should move to, or none with the reason.
 
-    ``unreachable`` maps unit name -> why the job's storage cannot be reached from it (checked
-    at the edge by the backend before calling this). ``avoid``: failure domains that just
-    failed (no spare inside one is given); ``taken``: spares already given to other ranks.
+    ``unreachable`` maps unit name -> why it cannot serve the job: the job's storage cannot be
+    reached from it, or (Slurm, when the job names its agent socket) the node's agent does not
+    answer (probed at the edge by the backend before calling this). ``avoid``: failure domains
+    that just failed (no spare inside one is given); ``taken``: spares already given to other
+    ranks.
     """
     gone = set(taken)
     candidates = [u for u in state.spares_for(job) if u.name not in gone]
@@ -218,7 +220,7 @@ def choose_spare(state: PoolState, job: str, replacing: Unit | None,
             return (f"in the failed domain {', '.join(format_domains(down))}" if down
                     else unreachable[u.name])
         outside = [u for u in candidates if not domains(u) & avoid]
-        what = ("no spare can reach the job's storage" if outside
+        what = ("no spare can reach the job's storage or its agent" if outside
                 else "no spare outside the failed domain(s) " + ", ".join(format_domains(avoid)))
         return SpareChoice(None, f"{what} ({'; '.join(f'{u.name}: {why(u)}' for u in candidates)})",
                            storage_blocked=bool(outside))
@@ -231,7 +233,7 @@ def choose_spare(state: PoolState, job: str, replacing: Unit | None,
     shared = _shared(best, replacing)
     where = ("same " + " and ".join(shared)) if shared else "another domain"
     reserved = "reserved for the job" if best.reserved_for == job else "unreserved"
-    return SpareChoice(best, f"{best.name}: {where}, {reserved}, storage reachable")
+    return SpareChoice(best, f"{best.name}: {where}, {reserved}, probed (storage reachable)")
 
 
 LEVELS = ("node", *DOMAIN_LABELS)

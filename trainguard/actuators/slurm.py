@@ -21,7 +21,8 @@ Tier 1 has no per-step CPU quota on Slurm: the backend is not ``SetsQuota``, its
 say ``quota`` false and decide gives a straggler there tier 1's windows with no command before
 tier 2 (a node-local cgroup through the node's agent would be the one way to build it; not
 built). A save request is
-``scancel --signal=USR1`` to the step; storage reach is probed by a step on the node.
+``scancel --signal=USR1`` to the step; a spare is probed by a step on the node before it takes
+a rank: the job's storage reached, and the node's agent answering on the job's agent socket.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from trainguard_sdk.paths import ENV_SOCKET
 
 from trainguard.actuators.backend import Released, Replica, StaleAction
 from trainguard.actuators.fencing import FenceError
@@ -46,6 +49,7 @@ from trainguard.actuators.slurm_steps import (
     find_step,
     latest,
     proven_live,
+    reach_script,
     released,
     step_name,
     step_record_of,
@@ -119,8 +123,8 @@ class SlurmBackend:
         name = step_name(job.job_id, rank, epoch)
         argv = job.argv(rank, epoch, port, unit.name)
         env = {k: v for k, v in self.cli.env.items() if not k.startswith(SECRET_ENV)}
-        env.update({**job.env, "TRAINGUARD_JOB_ID": job.job_id, "TRAINGUARD_RANK": str(rank),
-                    "TRAINGUARD_WORLD_SIZE": str(job.world_size),
+        env.update({**job.env_for(unit.name), "TRAINGUARD_JOB_ID": job.job_id,
+                    "TRAINGUARD_RANK": str(rank), "TRAINGUARD_WORLD_SIZE": str(job.world_size),
                     "TRAINGUARD_BINDING_EPOCH": str(epoch), "TRAINGUARD_UNIT": unit.name})
         srun = ["srun", f"--jobid={self.alloc}", "-N1", "-n1", f"--nodelist={unit.name}",
                 "--overlap", f"--job-name={name}", "--export=ALL", "--quiet", *argv]
@@ -289,19 +293,25 @@ class SlurmBackend:
         return f"SIGUSR1 to slurm step {rec.step_id} (rank {replica.rank})"
 
     def unreachable(self, job: JobSpec, unit: UnitSpec) -> str | None:
-        """A step on the node stats the checkpoint dir and writes a file there."""
-        probe = f"{job.ckpt_dir}/.reach-{unit.name}"
+        """A step on the node writes a file in the checkpoint dir and, when the job names its
+        agent socket (``TRAINGUARD_AGENT_SOCKET`` in its env), connects to the node's agent
+        there: a spare whose agent is dead would take a rank whose reports go nowhere
+        (``reach_script``)."""
+        script = reach_script(str(job.ckpt_dir), unit.name,
+                              job.env_for(unit.name).get(ENV_SOCKET))
         argv = ["srun", f"--jobid={self.alloc}", "-N1", "-n1", f"--nodelist={unit.name}",
-                "--overlap", "--quiet", "--job-name=tg.reach", "sh", "-c",
-                f'touch "{probe}" && rm -f "{probe}"']
+                "--overlap", "--quiet", "--job-name=tg.reach", "sh", "-c", script]
         try:
             done = subprocess.run(argv, env=self.cli.env, capture_output=True, text=True,
                                   timeout=self.cli.timeout_s)
         except subprocess.TimeoutExpired:
             return f"{unit.name}: no answer from a probe step in {self.cli.timeout_s:g} s"
         if done.returncode != 0:
-            msg = (done.stderr or done.stdout).strip().splitlines()
-            return f"{job.ckpt_dir} from {unit.name}: {msg[-1] if msg else done.returncode}"
+            lines = (done.stderr or done.stdout).strip().splitlines()
+            last = lines[-1] if lines else f"exit {done.returncode}"
+            if last.startswith("agent socket "):
+                return f"{unit.name}: its trainguard agent does not answer: {last}"
+            return f"{job.ckpt_dir} from {unit.name}: {last}"
         return None
 
 

@@ -13,6 +13,7 @@ does not is never cancelled.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -172,3 +173,23 @@ def join_pool(view: SlurmPool, heard: Iterable[str] | None) -> list[PoolNode]:
                                 else "spare", n.health, agents is None or n.name in agents,
                                 n.reason))
     return out
+
+
+# run by ``python3`` in a probe step: connects a datagram socket to the agent's step socket
+# (what a rank's reports go through): ENOENT/ECONNREFUSED when no agent holds it
+_AGENT_PROBE = ("import socket,sys\n"
+                "s=socket.socket(socket.AF_UNIX,socket.SOCK_DGRAM)\n"
+                "try:\n s.connect(sys.argv[1])\n"
+                "except OSError as e:\n"
+                " sys.exit('agent socket %s: %s' % (sys.argv[1], e.strerror or e))\n")
+
+
+def reach_script(ckpt_dir: str, unit: str, agent_socket: str | None) -> str:
+    """The ``sh -c`` script of a probe step on ``unit``: the job's checkpoint directory takes
+    a file, and (when the job names its agent socket: ``JobSpec.env_for``, literal, as the
+    ranks get it) the node's agent answers on it, as a rank would report through it."""
+    probe = shlex.quote(f"{ckpt_dir}/.reach-{unit}")
+    script = f"touch {probe} && rm -f {probe}"
+    if agent_socket:
+        script += f" && python3 -c {shlex.quote(_AGENT_PROBE)} {shlex.quote(agent_socket)}"
+    return script

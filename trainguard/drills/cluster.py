@@ -75,12 +75,12 @@ class ClusterJob(DrillJob):
              agent_socket: Path, netns: tuple[Path, str] | None = None) -> dict[str, Any]:
         """The slurm backend's job spec: units are the allocation's nodes; each rank's step
         reports to its own node's agent."""
-        command = ["env", f"TRAINGUARD_AGENT_SOCKET={self.agents_root}/{{unit}}/agent.sock",
-                   *self.workload_argv(progress_dir=run_dir / "progress", python=sys.executable,
-                                       master_addr=self.master_addr)]
+        command = self.workload_argv(progress_dir=run_dir / "progress", python=sys.executable,
+                                     master_addr=self.master_addr)
         return {"job_id": job_id, "world_size": self.world, "node": "slurm-head",
                 "ckpt_dir": str(ckpt_dir), "grace_s": 3, "command": command,
-                "env": {**THREADS, "GLOO_SOCKET_IFNAME": "eth0"},
+                "env": {**THREADS, "GLOO_SOCKET_IFNAME": "eth0",
+                        "TRAINGUARD_AGENT_SOCKET": f"{self.agents_root}/{{unit}}/agent.sock"},
                 "log_dir": str(run_dir / "ranks"), "units": self.units()}
 
     def actuator_args(self) -> list[str]:
