@@ -26,6 +26,7 @@ from trainguard.actuators.slurm_view import (
     NodeHealth,
     SlurmJob,
     SlurmNode,
+    SlurmStep,
     parse_scontrol_steps,
     parse_sinfo_json,
     parse_squeue_json,
@@ -146,3 +147,47 @@ def test_the_pool_joins_the_spec_with_slurms_view(tmp_path: Path) -> None:
     # Slurm's view unreadable: the job spec stands
     blind = SlurmBackend(_ViewCli(fail=True), 3, tmp_path)  # type: ignore[arg-type]
     assert blind.unusable(["tgn2"]) == {}
+
+
+class _LosingCli:
+    """A step on tgn1 that Slurm stops listing after the TERM, because it lost tgn1
+    meanwhile (responding at the first look, not responding at the second): what a partition
+    outlasting SlurmdTimeout looks like from the head."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.calls: list[tuple[str, ...]] = []
+
+    def nodes(self) -> list[SlurmNode]:
+        self.looks += 1
+        flags = ("DRAIN",) if self.looks == 1 else ("DRAIN", "NOT_RESPONDING")
+        return [SlurmNode("tgn1", "10.0.0.1", "allocated", flags, "trainguard c1", ())]
+
+    def steps(self) -> list[SlurmStep]:
+        listed = not any(c[0] == "cancel" for c in self.calls)
+        return [SlurmStep("7.0", "tg.j.r0.e1", "RUNNING", ("tgn1",))] if listed else []
+
+    def job(self, job_id: int) -> SlurmJob | None:
+        return SlurmJob(7, "alloc", "RUNNING", ("tgn1",))
+
+    def cancel_step(self, step_id: str, signal: str) -> None:
+        self.calls.append(("cancel", step_id, signal))
+
+    def set_down(self, node: str, reason: str) -> None:
+        self.calls.append(("down", node, reason))
+
+
+def test_a_step_slurm_gives_up_during_the_cancel_is_not_confirmed_by_it(tmp_path: Path) -> None:
+    from trainguard.actuators.backend import Replica
+    from trainguard.actuators.jobspec import JobSpec, UnitSpec
+    from trainguard.actuators.slurm import SlurmBackend
+
+    cli = _LosingCli()
+    be = SlurmBackend(cli, 7, tmp_path)  # type: ignore[arg-type]
+    be.journal.append(StepRecord("j", 0, 1, "tgn1", 7, "tg.j.r0.e1", 0, "7.0").to_record())
+    job = JobSpec(job_id="j", world_size=1, command=("true",),
+                  units=(UnitSpec("tgn1", (), 0),), ckpt_dir=tmp_path, grace_s=0.1)
+    said = be.fence(job, Replica(0, "tgn1", 1, 0)).items[0]
+    assert "node lost during the cancel, node set DOWN, not powered off" in said, said
+    assert ("down", "tgn1", "trainguard c1; fencing 7.0 (node lost during the cancel)") \
+        in cli.calls

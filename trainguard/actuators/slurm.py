@@ -193,6 +193,11 @@ class SlurmBackend:
                 # fails (MessageTimeout), and the signal may well have gone through
                 log.warning("step %s: %s", rec.step_id, exc)
             if self.gone(rec.step_id, timeout_s=wait_s):
+                now = next((n for n in cli.nodes() if n.name == rec.unit), None)
+                if fence_start(now) == "down_first":
+                    # Slurm lost the node meanwhile (a partition outlasting SlurmdTimeout):
+                    # it gave the step up, the node never acked the kill
+                    return self._down(rec, now, "node lost during the cancel")
                 return f"cancelled ({sig}), confirmed gone"
         if rec.unit in self.quarantined:  # a verdict points at this node: power it off
             return self._down(rec, node, "cancel unconfirmed")
