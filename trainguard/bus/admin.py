@@ -86,20 +86,33 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, topics: list[str],
         await asyncio.sleep(0.2)
 
 
-async def topic_configs(config: KafkaConfig, topic: str) -> dict[str, str]:
-    """The broker's view of one topic's configuration (for checks and `topics describe`)."""
+async def topic_configs(config: KafkaConfig, topic: str, *,
+                        wait_s: float = 15.0) -> dict[str, str]:
+    """The broker's view of one topic's configuration (for checks and `topics describe`). A
+    topic just created may not be known yet to the broker asked (an error code, or no entries):
+    asked again for up to ``wait_s``, then ``KafkaError`` naming the topic and Kafka's word."""
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
     admin = AIOKafkaAdminClient(**config.client_kwargs())
     await admin.start()
     try:
-        res = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
-        out: dict[str, str] = {}
-        for response in res:
-            for resource in response.resources:
-                for entry in resource[4]:
-                    out[entry[0]] = entry[1]
-        return out
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            res = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+            out: dict[str, str] = {}
+            errors: list[str] = []
+            for response in res:
+                for resource in response.resources:
+                    if resource[0]:  # (error_code, error_message, type, name, entries)
+                        errors.append(f"error code {resource[0]} {resource[1] or ''}".strip())
+                    for entry in resource[4]:
+                        out[entry[0]] = entry[1]
+            if out and not errors:
+                return out
+            if asyncio.get_running_loop().time() >= deadline:
+                raise KafkaError(f"topic {topic}: describe configs: "
+                                 f"{'; '.join(errors) or 'no configuration entries'}")
+            await asyncio.sleep(0.5)
     finally:
         await admin.close()
 
