@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -58,6 +59,7 @@ from trainguard.actuators.slurm_view import NodeHealth, SlurmNode, SlurmPool, po
 from trainguard.events.payloads import StopProof
 
 log = logging.getLogger(__name__)
+_SRUN_EXIT = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code \d+$")
 
 
 class SlurmBackend:
@@ -312,10 +314,13 @@ class SlurmBackend:
         except subprocess.TimeoutExpired:
             return f"{unit.name}: no answer from a probe step in {self.cli.timeout_s:g} s"
         if done.returncode != 0:
-            lines = (done.stderr or done.stdout).strip().splitlines()
+            # the probe's own last word, not srun's "task 0: Exited with exit code 1" after it
+            lines = [ln for ln in (done.stderr + done.stdout).strip().splitlines()
+                     if ln.strip() and not _SRUN_EXIT.search(ln)]
             last = lines[-1] if lines else f"exit {done.returncode}"
-            if last.startswith("agent socket "):
-                return f"{unit.name}: its trainguard agent does not answer: {last}"
+            agent = next((ln for ln in lines if ln.startswith("agent socket ")), None)
+            if agent is not None:
+                return f"{unit.name}: its trainguard agent does not answer: {agent}"
             return f"{job.ckpt_dir} from {unit.name}: {last}"
         return None
 
