@@ -180,7 +180,7 @@ class SlurmBackend:
 
     def _fence_step(self, job: JobSpec, rec: StepRecord) -> str:
         cli = self.cli
-        node = next((n for n in cli.nodes() if n.name == rec.unit), None)
+        node = self._node(rec.unit)
         if fence_start(node) == "down_first":
             # Slurm sees the node lost and may list its step given up already: that proves
             # nothing behind a partition, where the step still runs
@@ -195,7 +195,7 @@ class SlurmBackend:
                 # fails (MessageTimeout), and the signal may well have gone through
                 log.warning("step %s: %s", rec.step_id, exc)
             if self.gone(rec.step_id, timeout_s=wait_s):
-                now = next((n for n in cli.nodes() if n.name == rec.unit), None)
+                now = self._node(rec.unit)
                 if fence_start(now) == "down_first":
                     # Slurm lost the node meanwhile (a partition outlasting SlurmdTimeout):
                     # it gave the step up, the node never acked the kill
@@ -206,6 +206,10 @@ class SlurmBackend:
         raise FenceError(f"step {rec.step_id}: still listed after TERM and KILL on "
                          f"{rec.unit}, which Slurm finds responding and no verdict points "
                          "at: not powered off")
+
+    def _node(self, name: str) -> SlurmNode | None:
+        """Slurm's view of one node now (None: Slurm does not know it)."""
+        return next((n for n in self.cli.nodes() if n.name == name), None)
 
     def _down(self, rec: StepRecord, node: SlurmNode | None, why: str) -> str:
         """A node that cannot confirm: set DOWN (Slurm gives its steps up), powered off (what
