@@ -4,7 +4,12 @@ steady background of step reports from every job and, optionally, a fleet's node
 1 Hz flowing through the same worker.
 
     .venv/bin/python -m bench.bench_detection [--jobs 8] [--ranks 16] [--nodes 0] [--gpus 8]
-                                              [--no-prompt] [-- worker options...]
+                                              [--no-prompt] [--lanes both|urgent|task]
+                                              [-- worker options...]
+
+``--lanes both`` (the default) runs two workers one after the other on the same broker and load:
+exits with their urgent copies (the agents' way), then exits on the task topic only (before
+the urgent lane), and prints both lines and their ratio.
 
 ``--nodes 2048 --gpus 8`` is the issue's fleet (2,048 node records a second, 16,384 GPU
 samples); the records are generated before the run (distinct ids, event times on the run's
@@ -32,7 +37,7 @@ from bench.fleet import fleet_records
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.producer import EventProducer
-from trainguard.events import decode
+from trainguard.events import decode, encode, partition_key
 from trainguard.events.clock import now_us
 from trainguard.events.payloads import Verdict, VerdictKind
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
@@ -95,9 +100,12 @@ async def fleet_load(cfg: KafkaConfig, records: list[list[tuple[bytes, bytes]]],
     return sent
 
 
-async def drive(cfg: KafkaConfig, jobs: int, ranks: int, seconds: float) -> dict[str, int]:
+async def drive(cfg: KafkaConfig, jobs: int, ranks: int, seconds: float,
+                urgent: bool = True) -> dict[str, int]:
     """Real-time step reports for every job (every ``STEP_S``); job j's last rank exits
-    ``EXIT_AFTER_S + j * EXIT_EVERY_S`` after the start; then ``TAIL_S`` more of reports."""
+    ``EXIT_AFTER_S + j * EXIT_EVERY_S`` after the start; then ``TAIL_S`` more of reports.
+    ``urgent=False``: the exits go to the task topic only (no urgent copy), as before the
+    urgent lane."""
     exits: dict[str, int] = {}
     async with EventProducer(cfg) as producer:
         t_begin = time.monotonic()
@@ -116,8 +124,12 @@ async def drive(cfg: KafkaConfig, jobs: int, ranks: int, seconds: float) -> dict
                 if due and job not in exits:
                     t_exit = now_us()
                     exits[job] = t_exit
-                    futs.append(await producer.enqueue(
-                        synth.process_exit(job, "node-0", ranks - 1, t_exit, signal=9)))
+                    ev = synth.process_exit(job, "node-0", ranks - 1, t_exit, signal=9)
+                    if urgent:
+                        futs.append(await producer.enqueue(ev))
+                    else:
+                        await producer.send_raw(producer.topic_for(ev), encode(ev),
+                                                key=partition_key(ev))
             await asyncio.gather(*futs)
             step += 1
             await asyncio.sleep(max(0.0, t_begin + step * STEP_S - time.monotonic()))
@@ -142,10 +154,11 @@ async def probe(cfg: KafkaConfig, watch: VerdictWatch, limit_s: float = 180.0) -
 
 
 async def run(cfg: KafkaConfig, args: argparse.Namespace, seconds: float,
-              fleet: list[list[tuple[bytes, bytes]]]) -> tuple[dict[str, int], int]:
+              fleet: list[list[tuple[bytes, bytes]]], urgent: bool
+              ) -> tuple[dict[str, int], int]:
     t_start = time.monotonic()
     load = asyncio.create_task(fleet_load(cfg, fleet, t_start)) if fleet else None
-    exits = await drive(cfg, args.jobs, args.ranks, seconds)
+    exits = await drive(cfg, args.jobs, args.ranks, seconds, urgent)
     sent = await load if load is not None else 0
     return exits, sent
 
@@ -157,6 +170,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=0, help="fleet nodes at 1 Hz (0: none)")
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--no-prompt", action="store_true")
+    ap.add_argument("--lanes", choices=["both", "urgent", "task"], default="both",
+                    help="exits copied to the urgent topic, on the task topic only (as before "
+                         "the urgent lane), or both side by side (default)")
     ap.add_argument("--batch-size", type=int, help="the worker's --batch-size")
     ap.add_argument("worker_args", nargs="*", help="after --: more `trainguard streams` options")
     args = ap.parse_args()
@@ -170,11 +186,27 @@ def main() -> None:
         n = int(seconds) + 1
         flat = list(fleet_records(args.nodes, args.gpus, n, t0))
         fleet = [flat[s * args.nodes:(s + 1) * args.nodes] for s in range(n)]
-    with bench_broker() as info, tempfile.TemporaryDirectory() as tmp:
-        cfg = KafkaConfig(bootstrap=info.bootstrap, topic_prefix=f"bd{uuid.uuid4().hex[:6]}")
+    lanes = [True, False] if args.lanes == "both" else [args.lanes == "urgent"]
+    results: dict[bool, list[float]] = {}
+    with bench_broker() as info:
+        for urgent in lanes:
+            ready, exits, seen, sent = measure(info.bootstrap, args, seconds, fleet, urgent)
+            results[urgent] = report(args, ready, exits, seen, sent, urgent)
+    if len(results) == 2 and results[True] and results[False]:
+        print(f"urgent lane vs task topic only, same run: p99 {results[True][1]:.0f} vs "
+              f"{results[False][1]:.0f} ms, ratio {results[True][1] / results[False][1]:.2f}; "
+              f"p50 {results[True][0]:.0f} vs {results[False][0]:.0f} ms")
+
+
+def measure(bootstrap: str, args: argparse.Namespace, seconds: float,
+            fleet: list[list[tuple[bytes, bytes]]], urgent: bool
+            ) -> tuple[float, dict[str, int], dict[str, int], int]:
+    """One worker on fresh topics: (probe seconds, exit times, verdict times, fleet sent)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = KafkaConfig(bootstrap=bootstrap, topic_prefix=f"bd{uuid.uuid4().hex[:6]}")
         asyncio.run(ensure_topics(cfg, partitions={s.role: 3 for s in TOPIC_SPECS}))
         cmd = [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
-               info.bootstrap, "--prefix", cfg.topic_prefix, "--data-dir", f"{tmp}/w"]
+               bootstrap, "--prefix", cfg.topic_prefix, "--data-dir", f"{tmp}/w"]
         if args.no_prompt:
             cmd.append("--no-prompt")
         if args.batch_size:
@@ -185,7 +217,7 @@ def main() -> None:
         watch.thread.start()
         try:
             ready = asyncio.run(probe(cfg, watch))
-            exits, sent = asyncio.run(run(cfg, args, seconds, fleet))
+            exits, sent = asyncio.run(run(cfg, args, seconds, fleet, urgent))
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and len(watch.seen) < len(exits):
                 time.sleep(0.2)
@@ -198,10 +230,17 @@ def main() -> None:
             except subprocess.TimeoutExpired:  # busy with a backlog: no clean stop needed
                 worker.kill()
                 worker.wait(10)
-    lat = sorted((watch.seen[j] - t) / 1000 for j, t in exits.items() if j in watch.seen)
+    return ready, exits, dict(watch.seen), sent
+
+
+def report(args: argparse.Namespace, ready: float, exits: dict[str, int],
+           seen: dict[str, int], sent: int, urgent: bool) -> list[float]:
+    """Print one mode's line; returns [p50, p99] in ms (empty: no verdict seen)."""
+    lat = sorted((seen[j] - t) / 1000 for j, t in exits.items() if j in seen)
     load = (f"fleet {args.nodes} nodes x {args.gpus} GPUs at 1 Hz ({sent} records sent)"
             if args.nodes else "no fleet telemetry")
     mode = "ordered only (--no-prompt)" if args.no_prompt else "prompt lane"
+    mode += ", exits copied to the urgent topic" if urgent else ", exits on the task topic only"
     if args.batch_size:
         mode += f", worker --batch-size {args.batch_size}"
     if args.worker_args:
@@ -209,11 +248,14 @@ def main() -> None:
     print(f"(worker answered the probe after {ready:.1f} s)")
     if not lat:
         print(f"no exit verdicts seen ({load}, {mode})")
-        return
+        return []
     p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
+    p90 = lat[min(len(lat) - 1, round(0.90 * (len(lat) - 1)))]
+    p50 = statistics.median(lat)
     print(f"process exit -> verdict readable (read_committed), {len(lat)}/{len(exits)} jobs x "
           f"{args.ranks} ranks at {1 / STEP_S:.0f} steps/s, {load}, {mode}: "
-          f"p50 {statistics.median(lat):.0f} ms, p99 {p99:.0f} ms, max {lat[-1]:.0f} ms")
+          f"p50 {p50:.0f} ms, p90 {p90:.0f} ms, p99 {p99:.0f} ms, max {lat[-1]:.0f} ms")
+    return [p50, p99]
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from trainguard.events.codec import decode, make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import Heartbeat
 from trainguard.events.topics import TopicRole
+from trainguard.rules.synth import process_exit
 
 T = TypeVar("T")
 LIMIT_S = 45.0
@@ -91,6 +92,25 @@ class BusContract:
         first, second = sorted(run(go()), key=lambda e: e.event_id)
         assert first.ingest_time is not None and first.ingest_time > 7
         assert second.ingest_time == 7
+
+    def test_an_urgent_event_also_goes_to_the_urgent_topic_and_nothing_else_does(
+            self, bus: Bus) -> None:
+        exit_ = process_exit("job-a", "n1", 0, 1_000_005, signal=9)
+
+        async def go() -> tuple[list[Event], list[Event]]:
+            prod = bus.producer()
+            await prod.start()
+            try:
+                await prod.send(beat("job-a", 1))
+                await prod.send(exit_)
+                await prod.send(beat("job-a", 9))
+            finally:
+                await prod.stop()
+            return await bus.read([TopicRole.TASK]), await bus.read([TopicRole.URGENT])
+        own, copies = run(go())
+        assert [e.event_id for e in own] == [beat("job-a", 1).event_id, exit_.event_id,
+                                             beat("job-a", 9).event_id]
+        assert copies == [own[1]]  # the same event, ingest time included
 
     def test_a_group_goes_on_from_its_commit_and_only_from_its_commit(self, bus: Bus) -> None:
         async def go() -> tuple[list[Event], list[Event], list[Event]]:

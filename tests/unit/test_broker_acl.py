@@ -27,7 +27,7 @@ P = "tg"
 N = TopicNames(P)
 # What each service may produce besides the dead-letter topic (the trust model).
 OWNS: dict[Service, set[TopicRole]] = {
-    Service.AGENT: {TopicRole.TELEMETRY, TopicRole.TASK},
+    Service.AGENT: {TopicRole.TELEMETRY, TopicRole.TASK, TopicRole.URGENT},
     Service.STREAMS: {TopicRole.VERDICTS},
     Service.DECIDE: {TopicRole.COMMANDS},
     Service.ACTUATOR: {TopicRole.OUTCOMES},

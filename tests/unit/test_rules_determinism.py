@@ -14,10 +14,12 @@ from tests.unit.rules_support import T0, S
 from trainguard.events.codec import encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import CheckpointAction, NodeHealthKind, StepReport, Verdict
+from trainguard.events.registry import URGENT_TYPES
 from trainguard.rules import RuleEngine, RuleSet, parse_rules
 from trainguard.rules.engine import LANE_IDLE_US, LANE_OF
 from trainguard.rules.liveness import LivenessRule
 from trainguard.rules.params import KINDS
+from trainguard.rules.registry import EVALUATORS
 from trainguard.rules.straggler import StragglerRule
 from trainguard.rules.synth import (
     bound,
@@ -303,3 +305,107 @@ def test_a_worker_behind_a_backlog_reads_one_topic_ahead_of_the_other_and_decide
         arrivals.append(e)
     arrivals += ahead[i:]
     assert run(arrivals) == REFERENCE
+
+
+# --- the urgent lane: copies of the urgent events, read apart from the backlog -------------
+
+def with_copies(seed: int, dup_share: float) -> list[tuple[bool, Event]]:
+    """The shuffled arrivals of ``shuffled``, plus the urgent copy of every urgent event at a
+    random place: mostly ahead of its original by any length of backlog (the urgent topic
+    overtakes the task and telemetry partitions), sometimes after it. (copy?, event)."""
+    rng = random.Random(seed ^ 0x5EED)
+    arrivals: list[tuple[bool, Event]] = [(False, e) for e in shuffled(seed, dup_share)]
+    for e in [e for e in LOG if e.type in URGENT_TYPES]:
+        own = next(i for i, (_, a) in enumerate(arrivals) if a is e)
+        at = rng.randrange(own + 1) if rng.random() < 0.8 else rng.randrange(own, len(arrivals))
+        arrivals.insert(at, (True, e))
+    return arrivals
+
+
+def run_urgent(arrivals: list[tuple[bool, Event]], cut: int | None = None
+               ) -> tuple[list[bytes], dict[str, int]]:
+    """Feed originals in order and copies to ``early``, as the two agents of the streams
+    worker do; return the bytes and, per early verdict, the arrival index that emitted it."""
+    engine = RuleEngine("j", RULES, prompt=True)
+    out: list[bytes] = []
+    emitted_at: dict[str, int] = {}
+    for i, (copy, e) in enumerate(arrivals):
+        if cut is not None and i == cut:
+            engine = RuleEngine("j", RULES, orjson.loads(orjson.dumps(engine.snapshot())),
+                                prompt=True)
+        got = engine.early(e) if copy else engine.feed(e)
+        for v in got:
+            emitted_at.setdefault(v.event_id, i)
+        out += [encode(v) for v in got]
+    out += [encode(v) for v in engine.flush()]
+    assert engine.stats()["early_pending"] == 0 and engine.stats()["retracted"] == 0
+    assert engine.stats()["late"] == 0
+    return out, emitted_at
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), dup_share=st.sampled_from([0.0, 0.1]),
+       cut=st.one_of(st.none(), st.floats(0.0, 1.0)))
+def test_urgent_copies_overtaking_any_backlog_move_the_same_bytes_earlier(
+        seed: int, dup_share: float, cut: float | None) -> None:
+    arrivals = with_copies(seed, dup_share)
+    at = None if cut is None else int(cut * len(arrivals))
+    got, emitted_at = run_urgent(arrivals, at)
+    assert got == run_urgent(arrivals)[0]  # a restart anywhere changes nothing
+    assert sorted(got) == sorted(REFERENCE)  # the same verdicts, byte for byte, once each
+    assert [b for b in got if not _is_early(b)] == [b for b in REFERENCE if not _is_early(b)]
+    for b in got:  # an early verdict comes with its copy, or with its original if that is first
+        if _is_early(b):
+            doc = orjson.loads(b)  # decided at its source's event time; those differ here
+            source = next(i for i, (_, e) in enumerate(arrivals)
+                          if e.type in URGENT_TYPES and e.event_time == doc["event_time"])
+            assert emitted_at[doc["event_id"]] == source
+
+
+def test_an_urgent_copy_after_its_original_adds_nothing() -> None:
+    steps = list(job_steps("j", 4, 20))
+    exit_ev = process_exit("j", "node-0", 3, steps[-1].event_time + 1, signal=9)
+    engine = RuleEngine("j", RULES, prompt=True)
+    for e in steps:
+        engine.feed(e)
+    assert [v.payload.kind for v in engine.feed(exit_ev)] == [  # type: ignore[attr-defined]
+        "process_exit"]
+    assert engine.early(exit_ev) == []  # buffered: its verdict is out already
+    assert engine.flush() == [] and engine.early(exit_ev) == []  # evaluated
+    assert RuleEngine("j", RULES).early(exit_ev) == []  # no prompt lane, no early verdicts
+    assert RuleEngine("other", RULES, prompt=True).early(exit_ev) == []  # another job's
+
+
+def test_every_type_a_rule_answers_promptly_has_an_urgent_copy() -> None:
+    prompt_types = {t for cls in EVALUATORS.values() for t in cls.prompt_types}
+    assert prompt_types and prompt_types <= URGENT_TYPES
+
+
+def test_an_urgent_copy_whose_original_never_comes_is_retracted_once_the_watermark_passes(
+        ) -> None:
+    """A copy alone (its original lost, late, or forged onto the urgent topic by itself):
+    decided at once, then retracted when the job's watermark passes its time, since the
+    ordered evaluation will never confirm it."""
+    steps = list(job_steps("j", 4, 40))
+    mid = steps[len(steps) // 2].event_time
+    lone = process_exit("j", "node-0", 2, mid + 1, signal=9)
+    engine = RuleEngine("j", RULES, prompt=True)
+    out: list[Event] = []
+    for e in steps[: len(steps) // 2]:
+        out += engine.feed(e)
+    early = engine.early(lone)
+    assert [(v.payload.kind, v.payload.state.value) for v in early  # type: ignore[attr-defined]
+            ] == [("process_exit", "open")]
+    later = []
+    for e in steps[len(steps) // 2:]:
+        later += engine.feed(e)
+    retracted = [v for v in later if isinstance(v.payload, Verdict)
+                 and v.payload.evidence.get("retracted")]
+    assert [(v.payload.kind, v.payload.state.value, v.payload.evidence["reason"])  # type: ignore[attr-defined]
+            for v in retracted] == [("process_exit", "resolved",
+                                      "its event never came in event-time order")]
+    assert engine.stats()["retracted"] == 1 and engine.stats()["early_pending"] == 0
+    # at the end of a replay too
+    alone = RuleEngine("j", RULES, prompt=True)
+    assert len(alone.early(lone)) == 1
+    assert [v.payload.state.value for v in alone.flush()] == ["resolved"]  # type: ignore[attr-defined]

@@ -408,8 +408,10 @@ def render_trust_table(prefix: str = "tg") -> str:
     names = TopicNames(prefix)
     rows = ["| topic | event types | signed by |", "|---|---|---|"]
     for spec in TOPIC_SPECS:
-        types = [t for t in EVENT_TYPES if t.topic is spec.role]
-        listed = ", ".join(f"`{t.name}`" for t in types) or "dead letters (not events)"
+        types = [t for t in EVENT_TYPES if spec.role in t.topics]
+        copies = " (copies)" if types and all(t.topic is not spec.role for t in types) else ""
+        listed = (", ".join(f"`{t.name}`" for t in types) + copies
+                  or "dead letters (not events)")
         signers = sorted({t.signed_by.value for t in types if t.signed_by is not None})
         signed = ", ".join(
             f"{s}: " + ", ".join(f"`{t.name}`" for t in types

@@ -117,9 +117,11 @@ class NodeAgent:
 
     def _spool(self, event: Event) -> None:
         stamped = event.model_copy(update={"ingest_time": now_us()})
-        rec = self.spool.put(self.names.name(BY_NAME[event.type].topic), partition_key(event),
-                             encode(stamped), event.type, event.event_time // 1000)
-        self.publisher.note_put(rec)
+        key, value = partition_key(event), encode(stamped)
+        for role in BY_NAME[event.type].topics:  # an urgent type: the copy too, same bytes
+            rec = self.spool.put(self.names.name(role), key, value, event.type,
+                                 event.event_time // 1000)
+            self.publisher.note_put(rec)
         for event_type, n in self.spool.dropped.items():
             already = self._dropped_reported.get(event_type, 0)
             if n > already:

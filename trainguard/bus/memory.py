@@ -151,9 +151,11 @@ class MemoryProducer:
 
     async def send(self, event: Event) -> RecordMetadata:
         event = stamp_ingest(event, now_us())
-        topic = self.bus.names.name(BY_NAME[event.type].topic)
-        return self._append(topic, Record(partition_key(event), encode(event),
-                                          event.event_time // 1000))
+        record = Record(partition_key(event), encode(event), event.event_time // 1000)
+        meta = self._append(self.bus.names.name(BY_NAME[event.type].topic), record)
+        for copy in BY_NAME[event.type].topics[1:]:  # an urgent type's copy, as on Kafka
+            self._append(self.bus.names.name(copy), record)
+        return meta
 
     async def enqueue(self, event: Event) -> asyncio.Future[RecordMetadata]:
         fut: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()

@@ -69,12 +69,13 @@ class EventProducer:
     async def enqueue(self, event: Event) -> Any:
         """Hand the event to the client's batcher; the returned future resolves on ack."""
         event = stamp_ingest(event, now_us())
-        return await self._producer.send(
-            self.topic_for(event),
-            value=encode(event),
-            key=partition_key(event),
-            timestamp_ms=event.event_time // 1000,
-        )
+        value, key, ts = encode(event), partition_key(event), event.event_time // 1000
+        fut = await self._producer.send(self.topic_for(event), value=value, key=key,
+                                         timestamp_ms=ts)
+        for copy in BY_NAME[event.type].topics[1:]:  # an urgent type's copy, same bytes
+            await self._producer.send(self.names.name(copy), value=value, key=key,
+                                      timestamp_ms=ts)
+        return fut
 
     async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
         """Bytes as they are: for the dead-letter topic and for tests of bad input."""

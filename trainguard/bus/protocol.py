@@ -3,7 +3,8 @@ existing ``EventProducer`` / ``EventConsumer``), the twin for unit tests is in m
 (``bus/memory.py``). One contract suite (``tests/bus_contract.py``) runs against both.
 
 The semantics both keep:
-- ``EventSink.send(event)`` appends the event to its registry topic (``BY_NAME[type].topic``)
+- ``EventSink.send(event)`` appends the event to its registry topic (``BY_NAME[type].topic``;
+  an urgent type also to the urgent topic, ``BY_NAME[type].topics``)
   keyed by ``partition_key`` (the job): one job's events keep their order on one partition;
   ``ingest_time`` is stamped once. ``send_raw`` writes bytes as they are (dead letters).
 - ``EventSource`` reads roles from a position: with a consumer group, from the group's committed

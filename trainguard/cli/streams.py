@@ -12,6 +12,7 @@ from pathlib import Path
 from trainguard.cli.common import add_kafka_args, input_file, kafka_config
 from trainguard.cli.flags import renamed
 from trainguard.dev.paths import state_dir
+from trainguard.streams.limits import BUFFER_RECORDS, FETCH_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                               help="exactly-once commit period: verdicts are visible to "
                               "read-committed consumers once committed (default 0.2 s)"),
             "--commit-interval")
+    p.add_argument("--buffer-records", type=int, default=BUFFER_RECORDS, metavar="N",
+                   help="records fetched ahead per agent (faust's stream buffer; default "
+                   f"{BUFFER_RECORDS}): an urgent copy can wait behind this many")
+    p.add_argument("--fetch-bytes", type=int, default=FETCH_BYTES, metavar="N",
+                   help=f"most bytes fetched per partition and request (default {FETCH_BYTES})")
     p.add_argument("--no-prompt", action="store_true",
                    help="decide process exits, must-drain XIDs and link downs only in "
                    "event-time order (after the lateness bound), not on arrival")
@@ -75,11 +81,12 @@ def _run(args: argparse.Namespace) -> int:
     if partitions == 0:
         raise SystemExit(f"topic {names.name(TopicRole.TASK)} does not exist: run "
                          "`trainguard topics create` first")
-    telemetry = asyncio.run(topic_partitions(cfg, names.name(TopicRole.TELEMETRY)))
-    if telemetry != partitions:
-        raise SystemExit(f"topic {names.name(TopicRole.TELEMETRY)} has {telemetry} partitions, "
-                         f"{names.name(TopicRole.TASK)} {partitions}: both are keyed by job and "
-                         "must have as many, so a job's records meet in one worker")
+    for role in (TopicRole.TELEMETRY, TopicRole.URGENT):
+        count = asyncio.run(topic_partitions(cfg, names.name(role)))
+        if count != partitions:
+            raise SystemExit(f"topic {names.name(role)} has {count} partitions, "
+                             f"{names.name(TopicRole.TASK)} {partitions}: both are keyed by job "
+                             "and must have as many, so a job's records meet in one worker")
     if check is not None:
         outcomes = asyncio.run(topic_partitions(cfg, names.name(TopicRole.OUTCOMES)))
         if outcomes != partitions:
@@ -102,7 +109,8 @@ def _run(args: argparse.Namespace) -> int:
                     web_port=args.http_port, web_addr=args.http_addr,
                     batch_size=args.batch_size,
                     batch_within_s=args.batch_within_s,
-                    commit_interval_s=args.commit_interval_s, check=check)
+                    commit_interval_s=args.commit_interval_s, check=check,
+                    buffer_records=args.buffer_records, fetch_bytes=args.fetch_bytes)
     log.warning("streams %s: %d partitions, rules %s", app_id, partitions, rules.version)
     Worker(app, loglevel=args.log_level, quiet=True).execute_from_commandline()
     return 0

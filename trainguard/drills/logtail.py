@@ -15,10 +15,10 @@ from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.events.codec import decode, encode
 from trainguard.events.envelope import Event
-from trainguard.events.topics import TopicRole
+from trainguard.events.topics import EVENT_ROLES, TopicRole
 
 # A job's timeline: everything but node telemetry (keyed by node, never by job) and dead letters.
-ROLES = [r for r in TopicRole if r not in (TopicRole.DLQ, TopicRole.TELEMETRY)]
+ROLES = [r for r in EVENT_ROLES if r is not TopicRole.TELEMETRY]  # the log, each event once
 
 
 class LogTail(threading.Thread):

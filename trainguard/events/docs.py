@@ -109,7 +109,8 @@ def render_markdown(names: TopicNames | None = None) -> str:
            "| type | version | topic | key | signed by | meaning |", "|---|---|---|---|---|---|"]
     for t in EVENT_TYPES:
         signer = t.signed_by.value if t.signed_by is not None else "-"
-        out.append(f"| `{t.name}` | {t.version} | `{names.name(t.topic)}` | {t.key_by} | "
+        topics = " + copy on ".join(f"`{names.name(r)}`" for r in t.topics)
+        out.append(f"| `{t.name}` | {t.version} | {topics} | {t.key_by} | "
                    f"{signer} | {t.summary} |")
     out += ["", "## Topics", "", "| topic | partitions | key | retention | meaning |",
             "|---|---|---|---|---|"]

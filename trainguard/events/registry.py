@@ -37,6 +37,15 @@ class EventType:
     summary: str
     requires_subject: tuple[SubjectField, ...] = ()
     signed_by: Signer | None = None
+    # Urgent: a copy also goes to the urgent topic, which the streams worker reads apart from
+    # the telemetry and step volume, so the prompt lane decides it on arrival whatever the
+    # backlog (``topics_of``; ``rules/engine.py``). Every type a rule answers promptly is one.
+    urgent: bool = False
+
+    @property
+    def topics(self) -> tuple[TopicRole, ...]:
+        """Where a record of this type is written: its own topic, then the urgent copy."""
+        return (self.topic, TopicRole.URGENT) if self.urgent else (self.topic,)
 
 
 EVENT_TYPES: tuple[EventType, ...] = (
@@ -45,7 +54,7 @@ EVENT_TYPES: tuple[EventType, ...] = (
               ("node",)),
     EventType("node.health", 1, p.NodeHealth, TopicRole.TELEMETRY, "job",
               "A discrete node signal: kernel XID/AER/link/OOM line, imported fault log entry.",
-              ("node",)),
+              ("node",), urgent=True),
     EventType("step.report", 2, p.StepReport, TopicRole.TASK, "job",
               "One training step of one rank: timings, data position, loss, binding epoch.",
               ("rank",)),
@@ -55,7 +64,7 @@ EVENT_TYPES: tuple[EventType, ...] = (
               ("rank",)),
     EventType("process.exit", 1, p.ProcessExit, TopicRole.TASK, "job",
               "A rank process ended: exit code or signal, and how the exit was seen.",
-              ("node",)),
+              ("node",), urgent=True),
     EventType("checkpoint", 1, p.CheckpointEvent, TopicRole.TASK, "job",
               "A checkpoint was written, verified, found corrupt or loaded."),
     EventType("verdict", 1, p.Verdict, TopicRole.VERDICTS, "job",
@@ -84,6 +93,7 @@ EVENT_TYPES: tuple[EventType, ...] = (
 BY_NAME: Mapping[str, EventType] = {t.name: t for t in EVENT_TYPES}
 SIGNED_TYPES: Mapping[str, Signer] = {t.name: t.signed_by for t in EVENT_TYPES
                                       if t.signed_by is not None}
+URGENT_TYPES: frozenset[str] = frozenset(t.name for t in EVENT_TYPES if t.urgent)
 
 
 def _step_report_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:

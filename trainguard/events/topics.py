@@ -17,6 +17,7 @@ from trainguard.compat import StrEnum
 class TopicRole(StrEnum):
     TELEMETRY = "telemetry"
     TASK = "task"
+    URGENT = "urgent"
     VERDICTS = "verdicts"
     COMMANDS = "commands"
     OUTCOMES = "outcomes"
@@ -75,6 +76,18 @@ _EVENT_SPECS: tuple[TopicSpec, ...] = (
               writers=frozenset({S.AGENT}),
               readers=_ALL_SEE | {S.AGENT, S.STREAMS, S.DECIDE, S.ACTUATOR, S.INCIDENTS,
                                   S.DRILLS}),
+    # The urgent lane: a second copy (same event id, same bytes) of each event of an urgent
+    # type (``registry.URGENT_TYPES``), so the streams worker decides it on arrival even while
+    # its task and telemetry partitions hold a backlog. The log keeps the original on its own
+    # topic (everyone else reads that one); the copies are only the prompt lane's input, so
+    # they are kept a week, not forever.
+    TopicSpec(TopicRole.URGENT, 12, "job",
+              "Copies of the urgent events (process exits, node health) for the streams "
+              "worker's prompt lane; as many partitions as the task topic. Not the log: the "
+              "original of each copy is on its own topic.",
+              # agent: after an outage its publisher reads the tail to settle what it wrote
+              writers=frozenset({S.AGENT}), readers=_ALL_SEE | {S.AGENT, S.STREAMS},
+              retention_ms=7 * 24 * 3600 * 1000),
     TopicSpec(TopicRole.VERDICTS, 6, "job", "Verdicts opened and resolved by the streams.",
               writers=frozenset({S.STREAMS}),
               readers=_ALL_SEE | {S.DECIDE, S.INCIDENTS, S.DRILLS}),
@@ -106,8 +119,10 @@ TOPIC_SPECS: tuple[TopicSpec, ...] = (
 del S
 
 SPEC_BY_ROLE = {s.role: s for s in TOPIC_SPECS}
-# Every topic that holds events (the dead-letter topic holds refused bytes, not events).
-EVENT_ROLES: tuple[TopicRole, ...] = tuple(r for r in TopicRole if r is not TopicRole.DLQ)
+# The log: every topic that holds events, each event once (the dead-letter topic holds refused
+# bytes, the urgent topic copies of events that are on their own topics too).
+EVENT_ROLES: tuple[TopicRole, ...] = tuple(
+    r for r in TopicRole if r not in (TopicRole.DLQ, TopicRole.URGENT))
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,9 @@ class MetricsService:
         self.names: TopicNames = self.bus.names
 
     async def run(self) -> None:
-        source = self.bus.raw_source(list(self.names.all()), group_id=self.group_id,
+        # the log and the dead letters; not the urgent copies (each is on its own topic too)
+        roles = [r for r in self.names.all() if r is not TopicRole.URGENT]
+        source = self.bus.raw_source(roles, group_id=self.group_id,
                                      name="trainguard-metrics", from_offset=self.from_offset)
         try:
             await source.start()

@@ -22,14 +22,16 @@ rank's bound one are dropped (``stats()["stale"]``), and a binding at a higher e
 every rule forget that rank's per-rank state. A report's own epoch never moves the binding.
 
 Prompt lane (``prompt=True``, what the streams worker runs): a discrete critical signal - a
-process exit, a must-drain XID, a link down - need not wait for the watermark. On its arrival
-the rules that need no peers say what it will open (``RuleBase.prompt``, no state change) and
-the engine emits it at once. The ordered evaluation stays the only one that changes state: when
-it reaches that event and opens the same verdict (same ``event_id``, same bytes), the copy is
-suppressed; if it does not (an earlier exit of the rank, or a newer replica, turned up within
-the lateness bound), the early verdict is retracted (RESOLVED, ``evidence.retracted``). So the
-prompt output is the ordered output with some events moved earlier (plus a rare retraction),
-and it is as deterministic: the same arrivals give the same bytes, across restarts too.
+process exit, a must-drain XID, a link down - need not wait for the watermark, nor for the
+backlog ahead of it on its topic: its urgent copy (``early``) comes on a topic of its own. On
+its arrival the rules that need no peers say what it will open (``RuleBase.prompt``, no state
+change) and the engine emits it at once. The ordered evaluation stays the only one that
+changes state: when it reaches that event and opens the same verdict (same ``event_id``, same
+bytes), the copy is suppressed; if it does not (an earlier exit of the rank, or a newer
+replica, turned up within the lateness bound or in the backlog the copy overtook), the early
+verdict is retracted (RESOLVED, ``evidence.retracted``). So the prompt output is the ordered
+output with some events moved earlier (plus a rare retraction), and it is as deterministic:
+the same arrivals give the same bytes, across restarts too.
 """
 
 from __future__ import annotations
@@ -117,11 +119,24 @@ class RuleEngine:
         if not released:
             return early
         out = self._evaluate(released)
+        if self._early:
+            out.extend(self._orphans())
         return early + out if early else out
+
+    def early(self, event: Event) -> list[Event]:
+        """An urgent copy (``registry.URGENT_TYPES``, read from the urgent topic): what the
+        prompt lane opens on it, at once. The copy is never buffered: the ordered evaluation
+        takes the original from its own topic, in event-time order, and confirms or retracts
+        what this emitted, exactly as for an original that arrived first. A copy that comes
+        after its original (buffered, evaluated or late) adds nothing."""
+        if not self.prompt or event.job_id != self.job_id or not self.buffer.accepts(event):
+            return []
+        return self._prompt(event)
 
     def flush(self) -> list[Event]:
         """Release and evaluate everything buffered (end of an offline replay)."""
-        return self._evaluate(self.buffer.drain())
+        out = self._evaluate(self.buffer.drain())
+        return out + self._orphans(end=True) if self._early else out
 
     def _evaluate(self, events: Sequence[Event]) -> list[Event]:
         out: list[Event] = []
@@ -133,7 +148,7 @@ class RuleEngine:
                 verdict = self.gate.check(ev)
                 if verdict is Gate.STALE:
                     if early and ev.event_id in early:
-                        out.extend(self._retract(ev, "stale binding epoch"))
+                        out.extend(self._retract(ev.event_id, ev.event_time, "stale binding epoch"))
                     continue
                 if verdict is Gate.REBIND:
                     rank = str(ev.payload.rank)  # type: ignore[attr-defined]
@@ -146,7 +161,8 @@ class RuleEngine:
                         got = self._confirm(got)
                     out.extend(got)
             if early and ev.event_id in early:
-                out.extend(self._retract(ev, "not confirmed in event-time order"))
+                out.extend(self._retract(ev.event_id, ev.event_time,
+                                         "not confirmed in event-time order"))
         return out
 
     # --- the prompt lane ----------------------------------------------------------------
@@ -201,15 +217,28 @@ class RuleEngine:
             pending[:] = [e for e in pending if e.event_id != v.event_id]
         return kept
 
-    def _retract(self, source: Event, reason: str) -> list[Event]:
+    def _orphans(self, *, end: bool = False) -> list[Event]:
+        """Retract what an urgent copy opened when the watermark has passed its time (or the
+        log has ended: ``end``) and no original came (lost, late, or a copy written alone):
+        the ordered evaluation will never confirm it."""
         out: list[Event] = []
-        for v in self._early.pop(source.event_id):
+        wm = self.buffer.watermark
+        for source, vs in list(self._early.items()):
+            at = min((v.event_time for v in vs), default=wm)
+            if end or at <= wm:
+                out.extend(self._retract(source, at, "its event never came in event-time order"))
+        return out
+
+    def _retract(self, source_id: str, at: int, reason: str) -> list[Event]:
+        """Retract the early verdicts of the event ``source_id``, decided at ``at``."""
+        out: list[Event] = []
+        for v in self._early.pop(source_id):
             self._early_ids.pop(v.event_id, None)
             payload = v.payload
             assert isinstance(payload, Verdict)
             rule = self._rule_by_id.get(payload.rule)
             if rule is not None:
-                out.append(rule.book.retract(v, decided_time=source.event_time, reason=reason))
+                out.append(rule.book.retract(v, decided_time=at, reason=reason))
                 self.retracted += 1
         return out
 

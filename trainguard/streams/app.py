@@ -23,11 +23,12 @@ types are no rule input and are skipped. Without ``check`` no binding is believe
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import faust
 from aiokafka.partitioner import murmur2
@@ -38,13 +39,22 @@ from trainguard.bus.dlq import dead_letter, refusal
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode
 from trainguard.events.errors import ContractError, FieldError
-from trainguard.events.registry import SIGNED_TYPES
+from trainguard.events.registry import SIGNED_TYPES, URGENT_TYPES
 from trainguard.events.topics import TopicNames, TopicRole
 from trainguard.rules.engine import RULE_INPUTS
 from trainguard.streams.engine import EngineFactory, JobEngine
+from trainguard.streams.limits import BUFFER_RECORDS, FETCH_BYTES
 from trainguard.streams.state import JobStore, Recorded
 
 log = logging.getLogger(__name__)
+
+URGENT_WITHIN_S = 0.005  # an urgent copy waits at most this long for others to batch with
+# A batch of the log is decided in one go on the event loop (~0.5 ms per node record): every
+# this many records it lets the other tasks run, so an urgent copy is fetched and takes its
+# turn within a few ms instead of after the whole batch.
+YIELD_EVERY = 32
+# the jobs a batch touched: engine, store, and the ids it had buffered when the batch began
+Touched: TypeAlias = dict[str, tuple[JobEngine, JobStore, set[str]]]
 
 
 def job_partitioner(key: bytes | None, all_partitions: Sequence[int],
@@ -71,6 +81,8 @@ def build_app(
     batch_within_s: float = 0.05,
     commit_interval_s: float = 0.2,
     check: Check | None = None,
+    buffer_records: int = BUFFER_RECORDS,
+    fetch_bytes: int = FETCH_BYTES,
 ) -> faust.App:
     """``partitions``: the task topic's partition count on the broker (the telemetry topic's
     must be the same, see ``cli/streams.py``); the table's changelog gets the same, as faust
@@ -79,6 +91,10 @@ def build_app(
     Latency: a verdict is visible to read-committed consumers once the transaction that sent
     it commits, so ``commit_interval_s`` (plus up to ``batch_within_s`` of batching) bounds
     what the worker adds to the rules' own decision time.
+
+    ``buffer_records`` (faust's ``stream_buffer_maxsize``) and ``fetch_bytes`` (per partition
+    and fetch) bound how far the urgent copies can sit behind the log's records in the one
+    consumer both agents share (``BUFFER_RECORDS``).
 
     faust's web view (``web_port``; off by default) listens on ``web_addr`` only, loopback
     unless told otherwise: it shows the worker's tables and internals, without authentication."""
@@ -102,7 +118,8 @@ def build_app(
         # request, and every request is a socket write and a round trip in the one event loop.
         producer_max_batch_size=1 << 20,
         producer_linger=0.005,
-        consumer_max_fetch_size=8 << 20,
+        consumer_max_fetch_size=fetch_bytes,
+        stream_buffer_maxsize=buffer_records,
         key_serializer="raw",  # also the table's: job ids as bytes, hashed like the records
         value_serializer="raw",
     )
@@ -114,81 +131,175 @@ def build_app(
     state = app.Table("engine-state", default=None, partitions=partitions, key_type=bytes,
                       value_type=bytes, use_partitioner=True,
                       extra_topic_configs={"min.insync.replicas": str(cfg.min_insync_replicas)})
-    live: dict[str, tuple[JobEngine, JobStore]] = {}
-
-    async def refuse(err: ContractError, message: Any, consumer: str) -> None:
-        letter = dead_letter(err, topic=str(message.topic), partition=int(message.partition),
-                             offset=int(message.offset),
-                             key=message.key, value=message.value or b"",
-                             rejected_at=now_us(), consumer=consumer)
-        await dlq.send(key=message.key, value=letter.encode())
-
+    lanes = Lanes(engines, state, verdicts, dlq, check)
     roles = [TopicRole.TASK, TopicRole.TELEMETRY] + ([TopicRole.OUTCOMES] if check else [])
 
     @app.agent(app.topic(*[names.name(r) for r in roles], **raw), name="evaluate")
     async def evaluate(stream: Any) -> None:
-        # Batches: each job's snapshot is written once per batch, not once per event; the
-        # batch's offsets, verdicts and snapshots still commit in one transaction.
-        # Everything a batch decides is computed first; then its verdicts and its table
-        # writes are sent, awaited, in the open transaction, before faust acks the batch's
-        # events: a commit can never hold the batch's offsets without its state. (Table
-        # assignments would go through faust's send-soon buffer, which an exactly-once
-        # commit does not flush: a worker killed right after a commit lost its state.)
-        table = Recorded(state.data)
-        changelog = state.changelog_topic
         async for batch in stream.take_events(batch_size, within=batch_within_s):
-            touched: dict[str, tuple[JobEngine, JobStore, set[str]]] = {}
-            raw: dict[str, bytes] = {}
-            out: list[tuple[bytes, bytes]] = []
-            for ev in batch:
-                # No record stops the agent (a crashed agent leaves the worker up doing
-                # nothing, and the record is read again after a restart): one that is not an
-                # event, or whose evaluation raises, is dead-lettered with the reason.
-                try:
-                    event = decode(ev.value)
-                except ContractError as err:
-                    await refuse(err, ev.message, "streams.evaluate")
-                    continue
-                if event.type in SIGNED_TYPES:
-                    bad = check(event) if check is not None else "no trusted actuator keys"
-                    if bad is not None:
-                        sig = getattr(event.payload, "signature", None)
-                        await refuse(ContractError([FieldError("payload.signature", sig, bad)]),
-                                     ev.message, "streams.evaluate")
-                        continue
-                if event.type not in RULE_INPUTS:
-                    continue
-                try:
-                    job = event.job_id
-                    seen = touched.get(job)
-                    if seen is None:
-                        pair = live.get(job)
-                        if pair is None:
-                            store = JobStore(table, job)
-                            pair = live[job] = (engines(job, store.load()), store)
-                        seen = touched[job] = (pair[0], pair[1], pair[0].buffered_ids())
-                    # before feeding: an event buffered before its evaluation raised is
-                    # saved with the others
-                    raw[event.event_id] = ev.value
-                    verdicts_out = [(job.encode(), encode(v)) for v in seen[0].feed(event)]
-                except Exception as exc:  # this record is poison: see above
-                    log.error("streams: evaluating %s %s raised %s: %s; dead-lettered",
-                              event.type, event.event_id, type(exc).__name__, exc)
-                    log.debug("streams: the traceback", exc_info=exc)
-                    await refuse(refusal(exc), ev.message, "streams.evaluate")
-                    continue
-                out.extend(verdicts_out)
-            for engine, store, before in touched.values():
-                store.save(engine, before, raw)
-            for key, value in out:
-                await verdicts.send(key=key, value=value)
-            for key, change in table.take():
-                await changelog.send(key=key, value=change)
+            await lanes.ordered_batch(batch)
+
+    @app.agent(app.topic(names.name(TopicRole.URGENT), **raw), name="urgent")
+    async def urgent(stream: Any) -> None:
+        async for batch in stream.take_events(batch_size, within=URGENT_WITHIN_S):
+            await lanes.urgent_batch(batch)
 
     @app.on_rebalance_complete.connect
     async def forget(sender: Any, **kwargs: Any) -> None:
         # Another worker may have moved a job's state on; re-read it from the table.
-        live.clear()
+        lanes.live.clear()
 
-    del evaluate, forget  # registered on the app by their decorators
+    del evaluate, urgent, forget  # registered on the app by their decorators
     return app
+
+
+class Lanes:
+    """What the worker's two agents share: the job engines, the table and its pending
+    changelog writes, and whose turn it is.
+
+    - ``ordered_batch``: records of the log (task, telemetry, verified outcomes) fed to their
+      job's engine in order. Each job's snapshot is written once per batch, not once per
+      event; the batch's offsets, verdicts and snapshots still commit in one transaction.
+    - ``urgent_batch``: the urgent copies, decided by the prompt lane on arrival
+      (``RuleEngine.early``); the originals reach ``ordered_batch`` in order, which confirms or
+      retracts. Nothing there is buffered, so it saves only the prompt lane's book.
+
+    They take turns a whole batch at a time (decide, save, send, all awaited): a batch of one
+    never commits state the other decided but has not sent yet. An ordered batch lets other
+    tasks run every ``YIELD_EVERY`` records and, when an urgent batch waits, saves and sends
+    what it has decided so far and lets it go first; the rest follows, and faust acks the whole
+    batch after it, as before. No record stops an agent (a crashed agent leaves the worker up
+    doing nothing, and the record is read again after a restart): one that is not an event, or
+    whose evaluation raises, is dead-lettered with the reason."""
+
+    def __init__(self, engines: EngineFactory, state: Any, verdicts: Any, dlq: Any,
+                 check: Check | None) -> None:
+        self.engines = engines
+        self.state = state  # the faust table
+        self.verdicts = verdicts
+        self.dlq = dlq
+        self.check = check
+        self.live: dict[str, tuple[JobEngine, JobStore]] = {}
+        self.turn = asyncio.Lock()
+        self.waiting = 0  # urgent batches waiting for their turn
+        self._table: Recorded | None = None
+
+    def table(self) -> Recorded:
+        if self._table is None:  # made on first use: the table's store exists by then
+            self._table = Recorded(self.state.data)
+        return self._table
+
+    async def ordered_batch(self, batch: Sequence[Any]) -> None:
+        i = 0
+        while i < len(batch):
+            async with self.turn:
+                touched: Touched = {}
+                raw: dict[str, bytes] = {}
+                out: list[tuple[bytes, bytes]] = []
+                while i < len(batch):
+                    await self._ordered(batch[i], touched, raw, out)
+                    i += 1
+                    if i % YIELD_EVERY == 0:
+                        await asyncio.sleep(0)  # let the fetcher and the urgent agent run
+                    if self.waiting:
+                        break
+                await self._finish(touched, raw, out)
+
+    async def urgent_batch(self, batch: Sequence[Any]) -> None:
+        self.waiting += 1
+        try:
+            await self.turn.acquire()
+        finally:
+            self.waiting -= 1
+        try:
+            touched: Touched = {}
+            out: list[tuple[bytes, bytes]] = []
+            for ev in batch:
+                await self._urgent(ev, touched, out)
+            await self._finish(touched, {}, out)
+        finally:
+            self.turn.release()
+
+    def _engine(self, job: str, touched: Touched) -> JobEngine:
+        seen = touched.get(job)
+        if seen is None:
+            pair = self.live.get(job)
+            if pair is None:
+                store = JobStore(self.table(), job)
+                pair = self.live[job] = (self.engines(job, store.load()), store)
+            seen = touched[job] = (pair[0], pair[1], pair[0].buffered_ids())
+        return seen[0]
+
+    async def _ordered(self, ev: Any, touched: Touched, raw: dict[str, bytes],
+                       out: list[tuple[bytes, bytes]]) -> None:
+        try:
+            event = decode(ev.value)
+        except ContractError as err:
+            await self._refuse(err, ev.message, "streams.evaluate")
+            return
+        if event.type in SIGNED_TYPES:
+            bad = self.check(event) if self.check is not None else "no trusted actuator keys"
+            if bad is not None:
+                sig = getattr(event.payload, "signature", None)
+                await self._refuse(ContractError([FieldError("payload.signature", sig, bad)]),
+                                   ev.message, "streams.evaluate")
+                return
+        if event.type not in RULE_INPUTS:
+            return
+        try:
+            engine = self._engine(event.job_id, touched)
+            # before feeding: an event buffered before its evaluation raised is saved with
+            # the others
+            raw[event.event_id] = ev.value
+            key = event.job_id.encode()
+            decided = [(key, encode(v)) for v in engine.feed(event)]
+        except Exception as exc:  # this record is poison: see the class doc
+            await self._poison(exc, event, ev.message, "streams.evaluate")
+            return
+        out.extend(decided)
+
+    async def _urgent(self, ev: Any, touched: Touched, out: list[tuple[bytes, bytes]]) -> None:
+        try:
+            event = decode(ev.value)
+        except ContractError as err:
+            await self._refuse(err, ev.message, "streams.urgent")
+            return
+        if event.type not in URGENT_TYPES:
+            await self._refuse(ContractError([FieldError(
+                "type", event.type, "not an urgent type: the urgent topic holds copies of "
+                f"{', '.join(sorted(URGENT_TYPES))} only")]), ev.message, "streams.urgent")
+            return
+        try:
+            key = event.job_id.encode()
+            decided = [(key, encode(v)) for v in self._engine(event.job_id, touched).early(event)]
+        except Exception as exc:  # poison, as in _ordered
+            await self._poison(exc, event, ev.message, "streams.urgent")
+            return
+        out.extend(decided)
+
+    async def _finish(self, touched: Touched, raw: dict[str, bytes],
+                      out: list[tuple[bytes, bytes]]) -> None:
+        # Everything a batch decided is sent, awaited, in the open transaction, before faust
+        # acks the batch's events: a commit can never hold the batch's offsets without its
+        # state. (Table assignments would go through faust's send-soon buffer, which an
+        # exactly-once commit does not flush: a worker killed right after a commit lost its
+        # state.)
+        for engine, store, before in touched.values():
+            store.save(engine, before, raw)
+        for key, value in out:
+            await self.verdicts.send(key=key, value=value)
+        for key, change in self.table().take():
+            await self.state.changelog_topic.send(key=key, value=change)
+
+    async def _refuse(self, err: ContractError, message: Any, consumer: str) -> None:
+        letter = dead_letter(err, topic=str(message.topic), partition=int(message.partition),
+                             offset=int(message.offset),
+                             key=message.key, value=message.value or b"",
+                             rejected_at=now_us(), consumer=consumer)
+        await self.dlq.send(key=message.key, value=letter.encode())
+
+    async def _poison(self, exc: Exception, event: Any, message: Any, consumer: str) -> None:
+        log.error("streams: evaluating %s %s raised %s: %s; dead-lettered",
+                  event.type, event.event_id, type(exc).__name__, exc)
+        log.debug("streams: the traceback", exc_info=exc)
+        await self._refuse(refusal(exc), message, consumer)

@@ -14,6 +14,11 @@ class JobEngine(Protocol):
         """Take one event of this job; return the verdict events it decides."""
         ...
 
+    def early(self, event: Event) -> Sequence[Event]:
+        """Take an urgent copy of one of this job's events (the original comes in order with
+        ``feed``); return the verdicts decided at once, before their turn."""
+        ...
+
     def snapshot(self, *, events: bool = True) -> dict[str, Any]:
         """The whole state, JSON-serialisable; ``events=False``: the events waiting in the
         reorder buffer by id only (``snapshot["buffer"]["ids"]``), to be put back as wire JSON

@@ -1,0 +1,107 @@
+"""The urgent lane on the real broker: a process exit published behind a backlog on its task
+partition is decided from its copy on the urgent topic before the worker has read the backlog,
+and nothing is decided twice.
+
+The backlog: one job's step reports (8 ranks) with a non-finite loss near its end, all on the
+task topic before the worker starts; then a rank's exit. The loss verdict can only come once
+the worker has read up to it (it is decided in event-time order); the exit's verdict comes
+from its copy, so it is on the verdicts topic first. Without the copy (or with the copy read
+behind the backlog) the order is the other way round. Order, not time, is asserted: the
+latency itself is `bench.bench_detection`'s."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.integration.conftest import arun
+from trainguard.bus.config import KafkaConfig
+from trainguard.bus.consumer import EventConsumer
+from trainguard.bus.producer import EventProducer
+from trainguard.events import encode
+from trainguard.events.envelope import Event
+from trainguard.events.payloads import Verdict
+from trainguard.events.topics import TopicRole
+from trainguard.rules import RuleEngine, load_default_rules, synth
+
+JOB = "job-urgent"
+RANKS, STEPS, NAN_STEP = 8, 5000, 4900
+
+
+def _log() -> tuple[list[Event], Event]:
+    steps = []
+    for e in synth.job_steps(JOB, RANKS, STEPS, noise=0.05, seed=5):
+        rep = e.payload
+        if rep.rank == 0 and rep.step == NAN_STEP:  # type: ignore[attr-defined]
+            e = synth.step_report(JOB, 0, NAN_STEP, e.event_time, 100.0, world=RANKS,
+                                  loss=float("nan"))
+        steps.append(e)
+    exit_ = synth.process_exit(JOB, "node-1", 3, steps[-1].event_time + 50_000, signal=9)
+    return steps, exit_
+
+
+async def _publish(kafka: KafkaConfig, events: list[Event]) -> None:
+    async with EventProducer(kafka) as producer:
+        futs = [await producer.enqueue(ev) for ev in events]
+        await asyncio.gather(*futs)
+
+
+async def _verdicts_until(kafka: KafkaConfig, done: set[str], limit_s: float) -> list[Event]:
+    """Read the verdicts topic until verdicts of every kind in ``done`` came, then drain."""
+    consumer = EventConsumer(kafka, [TopicRole.VERDICTS], group_id=None, name="urgent-check",
+                             dlq=None)
+    await consumer.start()
+    got: list[Event] = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while loop.time() < deadline:
+            got += [d.event for d in await consumer.poll(timeout_ms=1000)]
+            kinds = {v.payload.kind for v in got if isinstance(v.payload, Verdict)}
+            if done <= kinds:
+                got += [d.event for d in await consumer.drain(idle_ms=3000, limit_s=20)]
+                break
+        return got
+    finally:
+        await consumer.stop()
+
+
+def test_an_exit_behind_a_backlog_is_decided_from_its_copy_first_and_once(
+        kafka: KafkaConfig, tmp_path: Path) -> None:
+    steps, exit_ = _log()
+    arun(_publish(kafka, [*steps, exit_]), timeout_s=180)  # the exit is behind 40k reports
+
+    with (tmp_path / "worker.stderr").open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
+             kafka.bootstrap, "--prefix", kafka.topic_prefix, "--data-dir",
+             str(tmp_path / "w")], stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        got = arun(_verdicts_until(kafka, {"process_exit", "loss_nonfinite"}, limit_s=240),
+                   timeout_s=300)
+        assert worker.poll() is None, (tmp_path / "worker.stderr").read_text()[-3000:]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+    mine = [v for v in got if v.job_id == JOB and isinstance(v.payload, Verdict)]
+    order = [(v.payload.kind, v.payload.state.value) for v in mine]  # type: ignore[attr-defined]
+    assert ("process_exit", "open") in order and ("loss_nonfinite", "open") in order, order
+    assert order.index(("process_exit", "open")) < order.index(("loss_nonfinite", "open")), (
+        "the exit was decided behind the backlog", order)
+    ids = [v.event_id for v in mine]
+    assert len(ids) == len(set(ids)), "a verdict was published twice"
+    assert not any(v.payload.evidence.get("retracted") for v in mine  # type: ignore[attr-defined]
+                   ), order
+    # the same bytes an engine gives offline, fed the copy first and then the log in order
+    engine = RuleEngine(JOB, load_default_rules(), prompt=True)
+    expected = [encode(v) for v in engine.early(exit_)]
+    for e in [*steps, exit_]:
+        expected += [encode(v) for v in engine.feed(e)]
+    assert sorted(encode(v) for v in mine) == sorted(expected)
