@@ -101,12 +101,13 @@ async def fleet_load(cfg: KafkaConfig, records: list[list[tuple[bytes, bytes]]],
 
 
 async def drive(cfg: KafkaConfig, jobs: int, ranks: int, seconds: float,
-                urgent: bool = True) -> dict[str, int]:
+                urgent: bool = True) -> tuple[dict[str, int], dict[str, int]]:
     """Real-time step reports for every job (every ``STEP_S``); job j's last rank exits
     ``EXIT_AFTER_S + j * EXIT_EVERY_S`` after the start; then ``TAIL_S`` more of reports.
     ``urgent=False``: the exits go to the task topic only (no urgent copy), as before the
-    urgent lane."""
+    urgent lane. Returns each exit's event time and when the broker acknowledged it."""
     exits: dict[str, int] = {}
+    acked: dict[str, int] = {}
     async with EventProducer(cfg) as producer:
         t_begin = time.monotonic()
         step = 0
@@ -126,14 +127,17 @@ async def drive(cfg: KafkaConfig, jobs: int, ranks: int, seconds: float,
                     exits[job] = t_exit
                     ev = synth.process_exit(job, "node-0", ranks - 1, t_exit, signal=9)
                     if urgent:
-                        futs.append(await producer.enqueue(ev))
+                        fut = await producer.enqueue(ev)
+                        fut.add_done_callback(lambda _, job=job: acked.setdefault(job, now_us()))
+                        futs.append(fut)
                     else:
                         await producer.send_raw(producer.topic_for(ev), encode(ev),
                                                 key=partition_key(ev))
+                        acked[job] = now_us()
             await asyncio.gather(*futs)
             step += 1
             await asyncio.sleep(max(0.0, t_begin + step * STEP_S - time.monotonic()))
-    return exits
+    return exits, acked
 
 
 async def probe(cfg: KafkaConfig, watch: VerdictWatch, limit_s: float = 180.0) -> float:
@@ -155,12 +159,12 @@ async def probe(cfg: KafkaConfig, watch: VerdictWatch, limit_s: float = 180.0) -
 
 async def run(cfg: KafkaConfig, args: argparse.Namespace, seconds: float,
               fleet: list[list[tuple[bytes, bytes]]], urgent: bool
-              ) -> tuple[dict[str, int], int]:
+              ) -> tuple[dict[str, int], dict[str, int], int]:
     t_start = time.monotonic()
     load = asyncio.create_task(fleet_load(cfg, fleet, t_start)) if fleet else None
-    exits = await drive(cfg, args.jobs, args.ranks, seconds, urgent)
+    exits, acked = await drive(cfg, args.jobs, args.ranks, seconds, urgent)
     sent = await load if load is not None else 0
-    return exits, sent
+    return exits, acked, sent
 
 
 def main() -> None:
@@ -190,8 +194,16 @@ def main() -> None:
     results: dict[bool, list[float]] = {}
     with bench_broker() as info:
         for urgent in lanes:
-            ready, exits, seen, sent = measure(info.bootstrap, args, seconds, fleet, urgent)
+            ready, exits, acked, seen, sent = measure(info.bootstrap, args, seconds, fleet,
+                                                      urgent)
             results[urgent] = report(args, ready, exits, seen, sent, urgent)
+            acks = sorted((acked[j] - t) / 1000 for j, t in exits.items() if j in acked)
+            after = sorted((seen[j] - acked[j]) / 1000 for j in exits if j in seen and j in acked)
+            if acks and after:
+                print(f"  of which: event time -> acked by the broker p50 "
+                      f"{statistics.median(acks):.0f} ms, max {acks[-1]:.0f} ms; acked -> "
+                      f"verdict readable p50 {statistics.median(after):.0f} ms, "
+                      f"max {after[-1]:.0f} ms")
     if len(results) == 2 and results[True] and results[False]:
         print(f"urgent lane vs task topic only, same run: p99 {results[True][1]:.0f} vs "
               f"{results[False][1]:.0f} ms, ratio {results[True][1] / results[False][1]:.2f}; "
@@ -200,8 +212,9 @@ def main() -> None:
 
 def measure(bootstrap: str, args: argparse.Namespace, seconds: float,
             fleet: list[list[tuple[bytes, bytes]]], urgent: bool
-            ) -> tuple[float, dict[str, int], dict[str, int], int]:
-    """One worker on fresh topics: (probe seconds, exit times, verdict times, fleet sent)."""
+            ) -> tuple[float, dict[str, int], dict[str, int], dict[str, int], int]:
+    """One worker on fresh topics: (probe seconds, exit times, their acks, verdict times,
+    fleet records sent)."""
     with tempfile.TemporaryDirectory() as tmp:
         cfg = KafkaConfig(bootstrap=bootstrap, topic_prefix=f"bd{uuid.uuid4().hex[:6]}")
         asyncio.run(ensure_topics(cfg, partitions={s.role: 3 for s in TOPIC_SPECS}))
@@ -217,7 +230,7 @@ def measure(bootstrap: str, args: argparse.Namespace, seconds: float,
         watch.thread.start()
         try:
             ready = asyncio.run(probe(cfg, watch))
-            exits, sent = asyncio.run(run(cfg, args, seconds, fleet, urgent))
+            exits, acked, sent = asyncio.run(run(cfg, args, seconds, fleet, urgent))
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and len(watch.seen) < len(exits):
                 time.sleep(0.2)
@@ -230,7 +243,7 @@ def measure(bootstrap: str, args: argparse.Namespace, seconds: float,
             except subprocess.TimeoutExpired:  # busy with a backlog: no clean stop needed
                 worker.kill()
                 worker.wait(10)
-    return ready, exits, dict(watch.seen), sent
+    return ready, exits, acked, dict(watch.seen), sent
 
 
 def report(args: argparse.Namespace, ready: float, exits: dict[str, int],

@@ -16,7 +16,7 @@ from trainguard.events import encode
 from trainguard.events.envelope import Event
 from trainguard.events.registry import EVENT_TYPES
 from trainguard.events.samples import sample_events
-from trainguard.events.topics import EVENT_ROLES, TopicNames, TopicRole
+from trainguard.events.topics import EVENT_ROLES, SPEC_BY_ROLE, TopicNames, TopicRole
 
 ALL_EVENT_ROLES = list(EVENT_ROLES)
 
@@ -129,5 +129,9 @@ def test_topics_on_the_broker_keep_everything(kafka: KafkaConfig) -> None:
         return {n: await topic_configs(kafka, n) for n in names.all().values()}
 
     for name, cfg in arun(scenario()).items():
-        assert cfg["retention.ms"] == "-1", name
+        # the log forever; the urgent topic's copies a week (their originals are in the log)
+        want = SPEC_BY_ROLE[names.role_of(name)].configs()
+        assert want["retention.ms"] == ("604800000" if names.role_of(name) is TopicRole.URGENT
+                                        else "-1")
+        assert cfg["retention.ms"] == want["retention.ms"], name
         assert cfg["cleanup.policy"] == "delete", name

@@ -26,7 +26,6 @@ from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.dev.cluster import ClusterInfo, KafkaCluster
-from trainguard.events import encode
 from trainguard.events.codec import partition_key
 from trainguard.events.topics import TOPIC_SPECS, TopicNames, TopicRole
 from trainguard.rules import synth
@@ -155,7 +154,13 @@ def test_the_streams_worker_carries_on_when_a_node_dies(cluster: KafkaCluster,
     # The exactly-once worker of tests/integration/test_streams_worker.py on the cluster: the
     # node leading the jobs' task partition is SIGKILLed between the two halves of the log;
     # the same worker (not restarted) publishes every verdict once, byte-identical.
-    from tests.integration.test_streams_worker import _expected, _publish, _scenario, _verdicts
+    from tests.integration.test_streams_worker import (
+        _assert_same_verdicts,
+        _expected,
+        _publish,
+        _scenario,
+        _verdicts,
+    )
 
     info = cluster.running()
     assert info is not None
@@ -191,10 +196,7 @@ def test_the_streams_worker_carries_on_when_a_node_dies(cluster: KafkaCluster,
             worker.kill()
         for victim in victims:
             cluster.restart_node(victim)
-    live: dict[str, list[bytes]] = {}
-    for v in got:
-        live.setdefault(v.job_id, []).append(encode(v))
-    assert live == expected  # none missing, none twice, byte-identical
+    _assert_same_verdicts(got, events)  # none missing, none twice, byte-identical
     # faust's changelog (the rules' state) is as replicated as the event topics
     changelog = f"{cfg.topic_prefix}-streams-engine-state-changelog"
     assert {n for _leader, n in arun(_leaders(cfg, changelog)).values()} == {3}

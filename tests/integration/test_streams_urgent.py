@@ -11,20 +11,14 @@ latency itself is `bench.bench_detection`'s."""
 
 from __future__ import annotations
 
-import asyncio
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.integration.conftest import arun
+from tests.integration.test_streams_worker import _publish, _stop, _verdicts, _worker
 from trainguard.bus.config import KafkaConfig
-from trainguard.bus.consumer import EventConsumer
-from trainguard.bus.producer import EventProducer
 from trainguard.events import encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import Verdict
-from trainguard.events.topics import TopicRole
 from trainguard.rules import RuleEngine, load_default_rules, synth
 
 JOB = "job-urgent"
@@ -43,52 +37,23 @@ def _log() -> tuple[list[Event], Event]:
     return steps, exit_
 
 
-async def _publish(kafka: KafkaConfig, events: list[Event]) -> None:
-    async with EventProducer(kafka) as producer:
-        futs = [await producer.enqueue(ev) for ev in events]
-        await asyncio.gather(*futs)
-
-
-async def _verdicts_until(kafka: KafkaConfig, done: set[str], limit_s: float) -> list[Event]:
-    """Read the verdicts topic until verdicts of every kind in ``done`` came, then drain."""
-    consumer = EventConsumer(kafka, [TopicRole.VERDICTS], group_id=None, name="urgent-check",
-                             dlq=None)
-    await consumer.start()
-    got: list[Event] = []
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit_s
-        while loop.time() < deadline:
-            got += [d.event for d in await consumer.poll(timeout_ms=1000)]
-            kinds = {v.payload.kind for v in got if isinstance(v.payload, Verdict)}
-            if done <= kinds:
-                got += [d.event for d in await consumer.drain(idle_ms=3000, limit_s=20)]
-                break
-        return got
-    finally:
-        await consumer.stop()
-
-
 def test_an_exit_behind_a_backlog_is_decided_from_its_copy_first_and_once(
         kafka: KafkaConfig, tmp_path: Path) -> None:
     steps, exit_ = _log()
+    # what an engine gives, fed the copy first and then the log in order: the worker must
+    # publish the same bytes, each once
+    engine = RuleEngine(JOB, load_default_rules(), prompt=True)
+    expected = [encode(v) for v in engine.early(exit_)]
+    for e in [*steps, exit_]:
+        expected += [encode(v) for v in engine.feed(e)]
     arun(_publish(kafka, [*steps, exit_]), timeout_s=180)  # the exit is behind 40k reports
 
-    with (tmp_path / "worker.stderr").open("wb") as log:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
-             kafka.bootstrap, "--prefix", kafka.topic_prefix, "--data-dir",
-             str(tmp_path / "w")], stdout=subprocess.DEVNULL, stderr=log)
+    worker = _worker(kafka, tmp_path / "w")
     try:
-        got = arun(_verdicts_until(kafka, {"process_exit", "loss_nonfinite"}, limit_s=240),
-                   timeout_s=300)
-        assert worker.poll() is None, (tmp_path / "worker.stderr").read_text()[-3000:]
+        got = arun(_verdicts(kafka, len(expected), limit_s=240), timeout_s=300)
+        assert worker.poll() is None, "the worker exited"
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        _stop(worker)
 
     mine = [v for v in got if v.job_id == JOB and isinstance(v.payload, Verdict)]
     order = [(v.payload.kind, v.payload.state.value) for v in mine]  # type: ignore[attr-defined]
@@ -99,9 +64,4 @@ def test_an_exit_behind_a_backlog_is_decided_from_its_copy_first_and_once(
     assert len(ids) == len(set(ids)), "a verdict was published twice"
     assert not any(v.payload.evidence.get("retracted") for v in mine  # type: ignore[attr-defined]
                    ), order
-    # the same bytes an engine gives offline, fed the copy first and then the log in order
-    engine = RuleEngine(JOB, load_default_rules(), prompt=True)
-    expected = [encode(v) for v in engine.early(exit_)]
-    for e in [*steps, exit_]:
-        expected += [encode(v) for v in engine.feed(e)]
     assert sorted(encode(v) for v in mine) == sorted(expected)

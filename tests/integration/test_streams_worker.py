@@ -15,12 +15,14 @@ from tests.integration.conftest import arun
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
-from trainguard.events import encode
+from trainguard.events import decode, encode
 from trainguard.events.clock import now_us
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeHealthKind, Verdict
+from trainguard.events.registry import URGENT_TYPES
 from trainguard.events.topics import TopicRole
 from trainguard.rules import RuleEngine, load_default_rules, synth
+from trainguard.rules.registry import EVALUATORS
 
 
 def _scenario() -> list[Event]:
@@ -56,6 +58,60 @@ def _worker(kafka: KafkaConfig, datadir: Path) -> subprocess.Popen[bytes]:
             [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
              kafka.bootstrap, "--prefix", kafka.topic_prefix, "--data-dir", str(datadir)],
             stdout=subprocess.DEVNULL, stderr=log)
+
+
+# verdicts the prompt lane may open early: their place in the live sequence depends on when the
+# urgent copy of their source came, against the backlog on its own topic (docs/rules.md)
+PROMPT_KINDS = frozenset(k.value for cls in EVALUATORS.values() if cls.prompt_types
+                         for k in cls.kinds)
+
+
+def _copies_first(events: list[Event]) -> dict[str, list[bytes]]:
+    """What the worker publishes if every urgent copy is decided before any record of the log
+    (one extreme of the two agents' interleaving; ``_expected`` is the other)."""
+    rules = load_default_rules()
+    out: dict[str, list[bytes]] = {}
+    engines: dict[str, RuleEngine] = {}
+    for copy, ev in [(True, e) for e in events if e.type in URGENT_TYPES] + [
+            (False, e) for e in events]:
+        engine = engines.setdefault(ev.job_id, RuleEngine(ev.job_id, rules, prompt=True))
+        decided = engine.early(ev) if copy else engine.feed(ev)
+        out.setdefault(ev.job_id, []).extend(encode(v) for v in decided)
+    return out
+
+
+def _assert_same_verdicts(got: list[Event], events: list[Event]) -> None:
+    """Per job: none twice; everything but the prompt lane's opens byte for byte in the order
+    the log gives; every verdict of that order, and besides those only what an urgent copy
+    decided ahead of its original can decide (``_copies_first``)."""
+    expected, early = _expected(events), _copies_first(events)
+    live: dict[str, list[bytes]] = {}
+    for v in got:
+        live.setdefault(v.job_id, []).append(encode(v))
+    for job, vs in live.items():
+        assert len(vs) == len(set(vs)), f"{job}: a verdict published twice"
+    assert set(live) == set(expected)
+    for job, want in expected.items():
+        assert set(want) <= set(live[job]) <= set(want) | set(early[job]), job
+
+    def ordered(vs: list[bytes]) -> list[bytes]:
+        out = []
+        for raw in vs:
+            v = decode(raw).payload
+            assert isinstance(v, Verdict)
+            if not (v.kind.value in PROMPT_KINDS and v.state.value == "open"):
+                out.append(raw)
+        return out
+    assert {j: ordered(vs) for j, vs in live.items()} == {
+        j: ordered(vs) for j, vs in expected.items()}
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
 
 
 async def _publish(kafka: KafkaConfig, events: list[Event]) -> None:
@@ -104,16 +160,9 @@ def test_verdicts_survive_a_killed_worker_exactly_once(kafka: KafkaConfig,
     try:
         got = arun(_verdicts(kafka, want, limit_s=120), timeout_s=150)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        _stop(worker)
 
-    live: dict[str, list[bytes]] = {}
-    for v in got:
-        live.setdefault(v.job_id, []).append(encode(v))
-    assert live == expected  # byte-identical, none missing, none twice
+    _assert_same_verdicts(got, events)  # byte-identical, none missing, none twice
 
     kinds = {(v.job_id, v.payload.kind, v.subject.rank) for v in got
              if isinstance(v.payload, Verdict) and v.payload.state == "open"}
@@ -137,11 +186,7 @@ def test_a_job_with_only_node_level_records_is_evaluated(kafka: KafkaConfig,
         got = arun(_verdicts(kafka, 1, limit_s=60), timeout_s=90)
         assert worker.poll() is None, "the worker exited"
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        _stop(worker)
     opened = [(v.job_id, v.payload.kind, v.subject.node, v.subject.gpu) for v in got
               if isinstance(v.payload, Verdict) and v.payload.state == "open"]
     assert opened == [(job, "xid_drain", "node-1", 3)]
