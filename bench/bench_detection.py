@@ -205,9 +205,10 @@ def main() -> None:
                       f"verdict readable p50 {statistics.median(after):.0f} ms, "
                       f"max {after[-1]:.0f} ms")
     if len(results) == 2 and results[True] and results[False]:
-        print(f"urgent lane vs task topic only, same run: p99 {results[True][1]:.0f} vs "
-              f"{results[False][1]:.0f} ms, ratio {results[True][1] / results[False][1]:.2f}; "
-              f"p50 {results[True][0]:.0f} vs {results[False][0]:.0f} ms")
+        (p50u, p99u, nu), (p50t, p99t, nt) = results[True], results[False]
+        print(f"urgent lane vs task topic only, same run: verdicts seen {nu:.0f} vs {nt:.0f} of "
+              f"{args.jobs}; p50 {p50u:.0f} vs {p50t:.0f} ms; p99 {p99u:.0f} vs {p99t:.0f} ms, "
+              f"ratio {p99u / p99t:.2f} (percentiles of the verdicts seen only)")
 
 
 def measure(bootstrap: str, args: argparse.Namespace, seconds: float,
@@ -248,7 +249,7 @@ def measure(bootstrap: str, args: argparse.Namespace, seconds: float,
 
 def report(args: argparse.Namespace, ready: float, exits: dict[str, int],
            seen: dict[str, int], sent: int, urgent: bool) -> list[float]:
-    """Print one mode's line; returns [p50, p99] in ms (empty: no verdict seen)."""
+    """Print one mode's line; returns [p50 ms, p99 ms, verdicts seen] (empty: none seen)."""
     lat = sorted((seen[j] - t) / 1000 for j, t in exits.items() if j in seen)
     load = (f"fleet {args.nodes} nodes x {args.gpus} GPUs at 1 Hz ({sent} records sent)"
             if args.nodes else "no fleet telemetry")
@@ -268,7 +269,7 @@ def report(args: argparse.Namespace, ready: float, exits: dict[str, int],
     print(f"process exit -> verdict readable (read_committed), {len(lat)}/{len(exits)} jobs x "
           f"{args.ranks} ranks at {1 / STEP_S:.0f} steps/s, {load}, {mode}: "
           f"p50 {p50:.0f} ms, p90 {p90:.0f} ms, p99 {p99:.0f} ms, max {lat[-1]:.0f} ms")
-    return [p50, p99]
+    return [p50, p99, float(len(lat))]
 
 
 if __name__ == "__main__":
