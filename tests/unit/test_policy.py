@@ -623,3 +623,35 @@ def test_an_oom_killed_rank_migrates_like_an_exit_and_a_node_notice_does_nothing
     for kind in ("oom_kill_process", "external_fault"):
         _, out = settled(pool(), [verdict(kind, None, 10 * S)], 12 * S)
         assert out == [], kind
+
+
+def test_a_silence_decided_from_a_backlog_waits_for_the_backlog_to_resolve_it() -> None:
+    """After a broker outage the agents' spools flush one after another: the streams decide
+    node b silent from node a's flushed records before node b's arrive, and resolve it when
+    they do. Read 12 s after it was decided (a backlog), the job's failures are held
+    ``backlog_settle_s``, not ``settle_s``: the resolution comes in time and nothing moves; a
+    real loss read the same way still moves, that much later."""
+    s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"})
+    late = 22 * S  # decided at 10 s, read at 22 s
+    wrong = verdict("node_silent", None, 10 * S, node="b")
+    s, out = settled(s, [wrong], late)
+    assert out == []  # settle_s passed, the backlog settle not
+    assert isinstance(wrong.payload, Verdict)
+    s, out = feed(s, [verdict("node_silent", None, 10 * S, node="b",
+                              vid=wrong.payload.verdict_id, state=VerdictState.RESOLVED)],
+                  late + 5 * S)
+    s, out2 = feed(s, [], late + int(CFG.backlog_settle_s * S) + 1)
+    assert out + out2 == []  # resolved while held: nothing moved, nothing escalated
+
+    s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"})
+    s, out = settled(s, [verdict("node_silent", None, 10 * S, node="b")], late)
+    assert out == []
+    _, out = feed(s, [], late + int(CFG.backlog_settle_s * S))
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    # read at once (no backlog): after settle_s only, as before
+    _, out = settled(two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"}),
+                     [verdict("node_silent", None, 10 * S, node="b")], 12 * S)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    # an exit read late is no silence: it needs no backlog to be right
+    _, out = settled(pool(), [verdict("process_exit", 0, 10 * S, sig=9)], late)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]

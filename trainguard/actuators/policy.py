@@ -24,6 +24,10 @@ The ladder, lightest first:
   status nobody could read (no code, no signal: under Slurm the agent is not the rank's parent)
   is presumed a consequence too: another failure in the window explains it, and when none does
   the earliest such exit is taken as the cause (a killed rank ends before its peers notice).
+  A silence verdict that comes ``backlog_lag_s`` after it was decided came from a backlog (the
+  agents' spools flushing one after another after a broker outage can make a healthy node
+  look silent until its own records arrive): its job's failures are held
+  ``backlog_settle_s`` instead, and a silence resolved meanwhile moves nothing.
   Every rank that failed by itself (a signal, silence) within the window, and every rank bound
   where a node-level verdict points, is moved to a spare by that one ``migrate``
   (``params.ranks``), never onto a unit of a failure domain that just failed
@@ -92,6 +96,8 @@ RESTARTS = frozenset({CommandAction.MIGRATE, CommandAction.RESUME})
 FINAL = frozenset({OutcomeStatus.DONE, OutcomeStatus.FAILED, OutcomeStatus.TIMED_OUT,
                    OutcomeStatus.REFUSED})
 ESCALATION_TIER = 0  # a human
+# judged by the absence of records: wrong while records are still on their way (backlog)
+SILENCE_KINDS = frozenset({VerdictKind.RANK_SILENT, VerdictKind.NODE_SILENT})
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,13 @@ class PolicyConfig:
     window_s: float = 5.0
     tier_windows: int = 2  # M: windows a tier gets before the next one
     settle_s: float = 1.0
+    # A silence verdict (rank or node) read more than backlog_lag_s after it was decided came
+    # from a backlog: the streams were catching up, e.g. after a broker outage, when the
+    # agents' spools flush one after the other and the job's watermark runs ahead of a node
+    # whose agent has not flushed yet. Its job's failures are then held backlog_settle_s
+    # (from its reading) instead of settle_s, for the records still on their way to resolve it.
+    backlog_lag_s: float = 5.0
+    backlog_settle_s: float = 15.0
     quota_pct: float | None = None  # tier-1 target quota (None: no limit)
     storm_restarts: int = 3  # N
     storm_window_s: float = 600.0  # T
@@ -114,7 +127,8 @@ class PolicyConfig:
     peer_exit_codes: tuple[int, ...] = (3,)
 
     def __post_init__(self) -> None:
-        for name in ("window_s", "settle_s", "storm_window_s", "outcome_timeout_s",
+        for name in ("window_s", "settle_s", "backlog_lag_s", "backlog_settle_s",
+                     "storm_window_s", "outcome_timeout_s",
                      "retry_backoff_s", "retry_max_backoff_s", "retry_budget_s",
                      "checkpoint_wait_s"):
             if getattr(self, name) < 0:
@@ -145,6 +159,7 @@ class OpenVerdict:
     exit_code: int | None = None
     signal: int | None = None
     epoch: int | None = None  # the binding the exit was matched to (its fencing token)
+    decided_at: int | None = None  # the verdict's event time (when the rule decided it)
 
 
 @dataclass
@@ -195,6 +210,7 @@ class PolicyState:
     ladders: dict[str, Ladder] = field(default_factory=dict)  # "job/rank"
     held: dict[str, list[OpenVerdict]] = field(default_factory=dict)  # job -> failures
     held_since: dict[str, int] = field(default_factory=dict)
+    held_until: dict[str, int] = field(default_factory=dict)  # a backlog silence: not before
     pending: dict[str, Pending] = field(default_factory=dict)  # idempotency key
     issued: set[str] = field(default_factory=set)
     restarts: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # (time, ckpt)
@@ -229,9 +245,10 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
     out: list[Decision] = []
     settle = int(cfg.settle_s * 1e6)
     for job in sorted(s.held):
-        if now_us - s.held_since[job] >= settle:
+        if now_us - s.held_since[job] >= settle and now_us >= s.held_until.get(job, 0):
             _decide_failure(s, job, s.held.pop(job), now_us, cfg, out)
             del s.held_since[job]
+            s.held_until.pop(job, None)
     wait = int(cfg.window_s * cfg.tier_windows * 1e6)
     for name in sorted(s.ladders):
         lad = s.ladders[name]
@@ -301,7 +318,7 @@ def _on_verdict(s: PolicyState, event: Event, v: Verdict, now_us: int, cfg: Poli
     ex = ExitEvidence.of(v.evidence)
     ov = OpenVerdict(v.verdict_id, job, v.kind, event.subject.rank, event.subject.node,
                      event.subject.gpu, v.first_anomalous_time, ex.pid, ex.exit_code, ex.signal,
-                     ex.binding_epoch)
+                     ex.binding_epoch, event.event_time)
     if v.verdict_id in s.open:
         return
     s.open[v.verdict_id] = ov
@@ -337,6 +354,10 @@ def _hold_failure(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfi
         return  # a replica already replaced, or covered by the restart under way
     s.held.setdefault(ov.job, []).append(ov)
     s.held_since.setdefault(ov.job, now_us)
+    if (ov.kind in SILENCE_KINDS and ov.decided_at is not None
+            and now_us - ov.decided_at > int(cfg.backlog_lag_s * 1e6)):
+        s.held_until[ov.job] = max(s.held_until.get(ov.job, 0),
+                                   now_us + int(cfg.backlog_settle_s * 1e6))
 
 
 def _record_only(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfig,

@@ -34,6 +34,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="windows a tier gets before the next one (M, default 2)")
     p.add_argument("--settle-s", type=float, default=1.0,
                    help="collect a job's failure verdicts this long before choosing the cause")
+    p.add_argument("--backlog-settle-s", type=float, default=15.0,
+                   help="hold a job's failures this long instead when a silence verdict "
+                   "comes more than --backlog-lag-s after it was decided (the streams were "
+                   "catching up, e.g. after a broker outage; default 15, 0: no longer)")
+    p.add_argument("--backlog-lag-s", type=float, default=5.0,
+                   help="how late a silence verdict must come to count as from a backlog "
+                   "(default 5)")
     p.add_argument("--quota-pct", type=float,
                    help="tier-1 quota in %% of a core (default: no limit)")
     p.add_argument("--storm-restarts", type=int, default=3,
@@ -71,6 +78,8 @@ def _run(args: argparse.Namespace) -> int:
             previous = load_command_pubkey(key_file=args.command_pubkey)
         pol = PolicyConfig(window_s=args.window_s, tier_windows=args.tier_windows,
                            settle_s=args.settle_s, quota_pct=args.quota_pct,
+                           backlog_settle_s=args.backlog_settle_s,
+                           backlog_lag_s=args.backlog_lag_s,
                            storm_restarts=args.storm_restarts,
                            storm_window_s=args.storm_window_s,
                            outcome_timeout_s=args.outcome_timeout_s,

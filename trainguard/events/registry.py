@@ -39,7 +39,7 @@ class EventType:
     signed_by: Signer | None = None
     # Urgent: a copy also goes to the urgent topic, which the streams worker reads apart from
     # the telemetry and step volume, so the prompt lane decides it on arrival whatever the
-    # backlog (``topics_of``; ``rules/engine.py``). Every type a rule answers promptly is one.
+    # backlog (``topics``; ``rules/engine.py``). Every type a rule answers promptly is one.
     urgent: bool = False
 
     @property

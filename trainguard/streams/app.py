@@ -1,9 +1,11 @@
-"""The faust app: one agent feeds every job's events to that job's rule engine and publishes
-the verdicts.
+"""The faust app: one agent (``evaluate``) feeds every job's events to that job's rule engine
+in order and publishes the verdicts; a second (``urgent``) feeds the urgent copies of exits and
+node health to the same engines' prompt lane, so they are decided ahead of any backlog
+(``Lanes``; docs/rules.md, "The urgent lane").
 
-Partitioning: the telemetry and task topics are both keyed by job and have the same partition
-count, so all of one job's events meet in one worker, read straight from the two topics (no
-re-keying hop: each record is consumed once and never copied).
+Partitioning: the telemetry, task and urgent topics are keyed by job and have the same
+partition count, so all of one job's events meet in one worker, read straight from the topics
+(no re-keying hop: each record is consumed once and never copied).
 State: each job's engine state lives in a faust table (changelog-backed), written once per
 consumed batch; the events waiting in its reorder buffer are written once each, in chunks
 (``state.py``), not re-serialised with every snapshot. A partitioner that hashes only the part
