@@ -246,8 +246,9 @@ def test_checkpoint_now_asks_the_bound_replica_and_never_a_stranger(tmp_path: Pa
                       issued_by="test", params={"rank": 1})
         result = ex.execute(cmd)
         assert result.status is OutcomeStatus.DONE, result.detail
-        deadline = time.monotonic() + 5
-        while not saves.exists() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 5  # the file exists a moment before its line is in it
+        while not (saves.exists() and saves.read_text().endswith("\n")) \
+                and time.monotonic() < deadline:
             time.sleep(0.02)
         assert saves.read_text().split() == ["1", str(reps[1].pid)]  # that rank, once
         unbound = ex.execute(cmd.model_copy(update={"params": CheckpointNowParams(rank=7)}))
