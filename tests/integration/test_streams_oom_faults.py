@@ -68,6 +68,6 @@ def test_oom_and_external_faults_through_the_live_worker(kafka: KafkaConfig,
     # the second fault's start arrives while the first one's end waits in the reorder buffer
     # (no later record of node-7 passes it) and nothing after it moves node-7's watermark, so in
     # order it is not decided live (see the report); its urgent copy opens it at once when the
-    # copy is read before the original (``_copies_first``), not when it comes after
+    # copy is read before the original (``_expected(copies_first=True)``), not after
     assert [s[2] for s in seen if s[0] == "node:node-7"] in (
         ["open", "resolved"], ["open", "open", "resolved"], ["open", "resolved", "open"])

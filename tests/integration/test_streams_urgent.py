@@ -14,12 +14,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.integration.conftest import arun
-from tests.integration.test_streams_worker import _publish, _stop, _verdicts, _worker
+from tests.integration.test_streams_worker import (
+    _expected,
+    _publish,
+    _stop,
+    _verdicts,
+    _worker,
+)
 from trainguard.bus.config import KafkaConfig
 from trainguard.events import encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import Verdict
-from trainguard.rules import RuleEngine, load_default_rules, synth
+from trainguard.rules import synth
 
 JOB = "job-urgent"
 RANKS, STEPS, NAN_STEP = 8, 5000, 4900
@@ -42,10 +48,7 @@ def test_an_exit_behind_a_backlog_is_decided_from_its_copy_first_and_once(
     steps, exit_ = _log()
     # what an engine gives, fed the copy first and then the log in order: the worker must
     # publish the same bytes, each once
-    engine = RuleEngine(JOB, load_default_rules(), prompt=True)
-    expected = [encode(v) for v in engine.early(exit_)]
-    for e in [*steps, exit_]:
-        expected += [encode(v) for v in engine.feed(e)]
+    expected = _expected([*steps, exit_], copies_first=True)[JOB]
     arun(_publish(kafka, [*steps, exit_]), timeout_s=180)  # the exit is behind 40k reports
 
     worker = _worker(kafka, tmp_path / "w")

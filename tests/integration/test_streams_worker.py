@@ -37,15 +37,19 @@ def _scenario() -> list[Event]:
     return events
 
 
-def _expected(events: list[Event]) -> dict[str, list[bytes]]:
+def _expected(events: list[Event], *, copies_first: bool = False) -> dict[str, list[bytes]]:
     """What the worker must publish: its engines run the prompt lane (exits decided on
-    arrival), and a job's records all arrive in publish order (one partition)."""
+    arrival), and a job's records all arrive in publish order (one partition).
+    ``copies_first``: every urgent copy is decided before any record of the log (the other
+    extreme of the two agents' interleaving)."""
     rules = load_default_rules()
     out: dict[str, list[bytes]] = {}
     engines: dict[str, RuleEngine] = {}
-    for ev in events:
+    copies = [(True, e) for e in events if e.type in URGENT_TYPES] if copies_first else []
+    for copy, ev in copies + [(False, e) for e in events]:
         engine = engines.setdefault(ev.job_id, RuleEngine(ev.job_id, rules, prompt=True))
-        out.setdefault(ev.job_id, []).extend(encode(v) for v in engine.feed(ev))
+        decided = engine.early(ev) if copy else engine.feed(ev)
+        out.setdefault(ev.job_id, []).extend(encode(v) for v in decided)
     return out
 
 
@@ -66,25 +70,11 @@ PROMPT_KINDS = frozenset(k.value for cls in EVALUATORS.values() if cls.prompt_ty
                          for k in cls.kinds)
 
 
-def _copies_first(events: list[Event]) -> dict[str, list[bytes]]:
-    """What the worker publishes if every urgent copy is decided before any record of the log
-    (one extreme of the two agents' interleaving; ``_expected`` is the other)."""
-    rules = load_default_rules()
-    out: dict[str, list[bytes]] = {}
-    engines: dict[str, RuleEngine] = {}
-    for copy, ev in [(True, e) for e in events if e.type in URGENT_TYPES] + [
-            (False, e) for e in events]:
-        engine = engines.setdefault(ev.job_id, RuleEngine(ev.job_id, rules, prompt=True))
-        decided = engine.early(ev) if copy else engine.feed(ev)
-        out.setdefault(ev.job_id, []).extend(encode(v) for v in decided)
-    return out
-
-
 def _assert_same_verdicts(got: list[Event], events: list[Event]) -> None:
     """Per job: none twice; everything but the prompt lane's opens byte for byte in the order
     the log gives; every verdict of that order, and besides those only what an urgent copy
-    decided ahead of its original can decide (``_copies_first``)."""
-    expected, early = _expected(events), _copies_first(events)
+    decided ahead of its original can decide (``copies_first``)."""
+    expected, early = _expected(events), _expected(events, copies_first=True)
     live: dict[str, list[bytes]] = {}
     for v in got:
         live.setdefault(v.job_id, []).append(encode(v))

@@ -26,7 +26,7 @@ from trainguard.events.clock import now_us
 from trainguard.events.codec import decode
 from trainguard.events.envelope import Event
 from trainguard.events.errors import ContractError
-from trainguard.events.topics import TopicNames, TopicRole
+from trainguard.events.topics import EVENT_ROLES, TopicNames, TopicRole
 from trainguard.metrics.recorder import Recorder
 
 log = logging.getLogger(__name__)
@@ -51,8 +51,7 @@ class MetricsService:
 
     async def run(self) -> None:
         # the log and the dead letters; not the urgent copies (each is on its own topic too)
-        roles = [r for r in self.names.all() if r is not TopicRole.URGENT]
-        source = self.bus.raw_source(roles, group_id=self.group_id,
+        source = self.bus.raw_source([*EVENT_ROLES, TopicRole.DLQ], group_id=self.group_id,
                                      name="trainguard-metrics", from_offset=self.from_offset)
         try:
             await source.start()
