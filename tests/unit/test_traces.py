@@ -16,6 +16,8 @@ from trainguard.cli.main import main
 from trainguard.events.codec import encode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import IncidentTransition
+from trainguard.events.registry import BY_NAME
+from trainguard.events.topics import TopicRole
 from trainguard.metrics.scenario import episode
 from trainguard.traces.ids import span_id_for, trace_id_for
 from trainguard.traces.plan import TracePlan, plan_traces
@@ -134,3 +136,73 @@ def test_cli_builds_traces_from_an_exported_log(tmp_path: Path,
     assert len(out) == 3
     for plan, line in zip(ended, out, strict=True):
         assert f"trace {plan.trace_id:032x}" in line and f"{plan.final_state}:" in line
+
+
+@st.composite
+def read_across_topics(draw: st.DrawFn) -> list[Event]:
+    """The log as one consumer of every topic may read it: each topic in order, the topics
+    interleaved any way (Kafka orders a partition, not the topics)."""
+    queues: dict[TopicRole, list[Event]] = defaultdict(list)
+    for e in LOG:
+        queues[BY_NAME[e.type].topic].append(e)
+    out: list[Event] = []
+    while queues:
+        role = draw(st.sampled_from(sorted(queues)))
+        out.append(queues[role].pop(0))
+        if not queues[role]:
+            del queues[role]
+    return out
+
+
+ENDED = sorted(_signature(_exported([p for p in plan_traces(LOG) if p.complete])), key=repr)
+
+
+@settings(max_examples=60, deadline=None)
+@given(read_across_topics())
+def test_the_live_sink_waits_for_what_an_end_cites_whatever_the_topic_order(
+        log: list[Event]) -> None:
+    exporter = InMemorySpanExporter()
+    sink = IncidentTraceSink(emitter_for(exporter), clock=lambda: 0.0)
+    for e in log:
+        sink(e)
+    sink.tick()  # the grace never passes here: every trace went out because all it cites came
+    assert sorted(_signature(list(exporter.get_finished_spans())), key=repr) == ENDED
+
+
+def test_an_end_whose_cited_event_never_comes_goes_out_after_the_grace() -> None:
+    now = [0.0]
+    exporter = InMemorySpanExporter()
+    sink = IncidentTraceSink(emitter_for(exporter), grace_s=10.0, clock=lambda: now[0])
+    commands = {e.event_id for e in LOG if e.type == "command"}
+    for e in LOG:
+        if e.event_id not in commands:
+            sink(e)
+    sink.tick()
+    assert not exporter.get_finished_spans()  # every ended incident cites a command
+    now[0] = 9.9
+    sink.tick()
+    assert not exporter.get_finished_spans()
+    now[0] = 10.0
+    sink.tick()
+    spans = exporter.get_finished_spans()
+    assert {s.name for s in spans if s.parent is None} == {"incident"}
+    assert len({s.get_span_context().trace_id for s in spans}) == 3  # type: ignore[union-attr]
+    assert not any(s.name.startswith("action") for s in spans)
+    for e in LOG:  # the commands come after all: nothing is sent twice
+        if e.event_id in commands:
+            sink(e)
+    sink.flush()
+    assert len(exporter.get_finished_spans()) == len(spans)
+
+
+def test_flush_sends_what_still_waits() -> None:
+    exporter = InMemorySpanExporter()
+    sink = IncidentTraceSink(emitter_for(exporter), clock=lambda: 0.0)
+    verdicts = {e.event_id for e in LOG if e.type == "verdict"}
+    for e in LOG:
+        if e.event_id not in verdicts:
+            sink(e)
+    assert not exporter.get_finished_spans()
+    sink.flush()
+    assert len({s.get_span_context().trace_id  # type: ignore[union-attr]
+                for s in exporter.get_finished_spans()}) == 3

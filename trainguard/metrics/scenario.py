@@ -100,23 +100,28 @@ def _incident(log: _Log, t0: int, kind: p.VerdictKind, rank: int, severity: str,
     move(p.IncidentState.DETECTED, t, reason=f"{kind} verdict", causes=[opened.event_id])
     move(p.IncidentState.LOCATED, t + 200_000, reason=f"rank {rank} on node-a")
     when = t + 200_000
+    cited: list[str] = []  # each command and its last outcome, which the end cites
     for tier, action, statuses in tiers:
         when += 300_000
-        if action is not p.CommandAction.ESCALATE:
-            move(p.IncidentState.MITIGATING, when, tier=tier, reason=action.value)
         cid = derived_id("command", iid, tier)
         params = {"rank": rank, "ranks": [rank]} if action is p.CommandAction.MIGRATE else {
             "rank": rank}
-        log.add(p.Command(command_id=cid, idempotency_key=cid, action=action, tier=tier,
-                          issued_at=when, issued_by="decider", cause_verdict_ids=[verdict_id],
-                          params=params),
-                when, subject, "decider")
-        for status in statuses:
+        command = log.add(p.Command(command_id=cid, idempotency_key=cid, action=action,
+                                    tier=tier, issued_at=when, issued_by="decider",
+                                    cause_verdict_ids=[verdict_id], params=params),
+                          when, subject, "decider")
+        if action is not p.CommandAction.ESCALATE:  # as the aggregate does: it cites the command
+            move(p.IncidentState.MITIGATING, when, tier=tier, reason=action.value,
+                 causes=[command.event_id])
+        cited.append(command.event_id)
+        for i, status in enumerate(statuses, 1):
             when += 250_000
-            log.add(p.CommandOutcome(command_id=cid, idempotency_key=cid, action=action,
-                                     status=status, started_at=when, finished_at=when,
-                                     detail=status.value),
-                    when, subject, "actuator")
+            outcome = log.add(p.CommandOutcome(command_id=cid, idempotency_key=cid,
+                                               action=action, status=status, started_at=when,
+                                               finished_at=when, detail=status.value),
+                              when, subject, "actuator")
+            if i == len(statuses):
+                cited.append(outcome.event_id)
     if recover_at is None:
         return iid
     end_at = max(t0 + recover_at * S, when + 100_000)
@@ -126,5 +131,5 @@ def _incident(log: _Log, t0: int, kind: p.VerdictKind, rank: int, severity: str,
                           first_anomalous_time=t - S, decided_time=end_at, evidence=evidence),
                 end_at, subject, "streams")
     move(end, end_at, reason="progress continued" if end is p.IncidentState.RECOVERED
-         else "tiers exhausted")
+         else "tiers exhausted", causes=cited)
     return iid

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 from aiokafka.errors import KafkaError
 
@@ -31,7 +32,17 @@ from trainguard.metrics.recorder import Recorder
 
 log = logging.getLogger(__name__)
 
-EventSink = Callable[[Event], None]
+
+class EventSink(Protocol):
+    """What the exporter hands each fresh event to (the live traces)."""
+
+    def __call__(self, event: Event) -> None: ...
+
+    def tick(self) -> None:
+        """Called after every poll: emit what has waited long enough."""
+
+    def flush(self) -> None:
+        """Called on stop: emit whatever still waits."""
 
 
 @dataclass
@@ -56,6 +67,7 @@ class MetricsService:
         try:
             await source.start()
             await self._loop(source)
+            self._on_sinks("flush")
         finally:
             await source.stop()
 
@@ -70,6 +82,7 @@ class MetricsService:
                     await source.commit()
                 except KafkaError as exc:  # a rebalance: redelivered events are deduplicated
                     log.warning("metrics: commit failed, batch may be redelivered: %s", exc)
+            self._on_sinks("tick")
             now = time.monotonic()
             if now >= next_lag:
                 await self._update_lag(source)
@@ -107,6 +120,13 @@ class MetricsService:
                     sink(event)
                 except Exception:  # a trace that cannot be built must not stop the metrics
                     log.exception("metrics: sink %r failed on event %s", sink, event.event_id)
+
+    def _on_sinks(self, what: Literal["tick", "flush"]) -> None:
+        for sink in self.sinks:
+            try:
+                sink.tick() if what == "tick" else sink.flush()
+            except Exception:  # a trace that cannot be built must not stop the metrics
+                log.exception("metrics: sink %r failed on its %s", sink, what)
 
     async def _update_lag(self, source: RecordSource) -> None:
         lag: dict[str, int] = {}

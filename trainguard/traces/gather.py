@@ -7,7 +7,9 @@ event_id)`` before anything is decided.
 A command belongs to an incident when the incident's transitions cite it (its event id or
 command id, or an outcome's event id), or cite a verdict the command was issued for. A command
 no incident cites goes to the incident of its job that was detected last at or before it and
-had not ended by then.
+had not ended by then, unless it names the verdicts it was issued for: then it belongs to the
+incident that cites one of them or to none, for a live reader may not have read that incident's
+transitions yet, and the window would hand the command to another open incident of the job.
 """
 
 from __future__ import annotations
@@ -68,7 +70,9 @@ def gather(events: Iterable[Event]) -> list[IncidentRecord]:
     for inc in incidents:
         inc.verdicts = [verdicts[c] for c in sorted(inc.cited()) if c in verdicts]
     for rec in _commands(evs):
-        owner = _explicit_owner(rec, incidents) or _window_owner(rec, incidents)
+        owner = _explicit_owner(rec, incidents)
+        if owner is None and not rec.command.cause_verdict_ids:
+            owner = _window_owner(rec, incidents)
         if owner is not None:
             owner.commands.append(rec)
     return incidents
