@@ -20,7 +20,7 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -177,14 +177,15 @@ def services(kafka: KafkaConfig, tmp_path: Path
                 p.wait()
 
 
-def _wait(what: str, check: Any, timeout_s: float, logs: Path) -> None:
+def _wait(what: str, check: Any, timeout_s: float, logs: Path,
+          seen: Callable[[], str] = lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():
             return
         time.sleep(0.5)
     tails = {p.name: p.read_text(errors="replace")[-1500:] for p in logs.glob("*.log")}
-    pytest.fail(f"timed out waiting for {what}; logs: {tails}")
+    pytest.fail(f"timed out waiting for {what} ({seen()}); logs: {tails}")
 
 
 def _value(prom: PrometheusServer, expr: str) -> float:
@@ -259,7 +260,9 @@ def test_every_dashboard_query_returns_data_from_real_prometheus(
     # a batch exporter may send one trace's spans in two exports: wait for the spans too
     _wait("one trace per ended incident over OTLP, all its spans",
           lambda: {s.trace_id for s in rx.spans()} >= want
-          and {s.name for s in rx.spans()} >= names, 30, logs)
+          and {s.name for s in rx.spans()} >= names, 30, logs,
+          lambda: f"{len(want - {s.trace_id for s in rx.spans()})} trace(s) and spans "
+                  f"{sorted(names - {s.name for s in rx.spans()})} missing")
     got = rx.spans()
     assert {s.trace_id for s in got} == want  # the open incident has no trace yet
     assert {s.name for s in got} >= names
