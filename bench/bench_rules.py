@@ -1,7 +1,7 @@
 """Rule evaluators: offline replay rate, straggler time-to-verdict, false verdicts on noise.
 
     .venv/bin/python -m bench.bench_rules
-    .venv/bin/python -m bench.bench_rules --levels 1.15,1.3,1.6,2.0 --levels 1.1,1.2,1.4,2.0
+    .venv/bin/python -m bench.bench_rules --levels 1.15,1.3,1.6,2.0 --levels 1.1,1.3,1.6,2.0
 
 Prints figures; nothing is asserted (targets: >= 500k samples/s, <= 5 steps at 1.5x, 0 false
 verdicts over 100k rank-steps with +-10% and +-20% noise and with a rotating slowest rank). A
@@ -11,10 +11,11 @@ on main before the replay-rate work ("main", bench/main_straggler.py: same outpu
 byte) and as it is ("after"), in the same run; a side-by-side table of the replay rates with
 the ratios after/before (the pre-issue baseline) and after/main follows them.
 
-``--levels L1,L2,...`` (repeatable) prints only the trade-off the straggler's ``effect_levels``
-make, one row per set: time-to-verdict at 1.1-2x, false verdicts on noise, and the quality
-suite's precision and recall with the cases it gets wrong (the suite is what holds a faster
-level back: real traces drift where the synthetic noise does not).
+``--levels L1,L2,...[:M]`` (repeatable) prints only the trade-off the straggler's
+``effect_levels`` (and ``min_effect`` M) make, one row per set: time-to-verdict at 1.1-2x,
+false verdicts on noise, and the quality suite's precision and recall with the cases it gets
+wrong (the suite is what holds a faster level back: real traces drift where the synthetic noise
+does not).
 """
 
 from __future__ import annotations
@@ -135,14 +136,32 @@ def variants(rules: RuleSet) -> list[tuple[str, RuleSet, AbstractContextManager[
             ("after", rules, nullcontext())]
 
 
-def with_levels(rules: RuleSet, levels: list[float]) -> RuleSet:
-    """``rules`` with the straggler's ``effect_levels`` replaced."""
-    return RuleSet(tuple(dataclasses.replace(r, params={**r.params, "effect_levels": levels})
+@dataclasses.dataclass(frozen=True)
+class Levels:
+    """One row of the trade-off: ``effect_levels``, and ``min_effect`` when given."""
+
+    levels: list[float]
+    min_effect: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Levels:
+        levels, _, least = text.partition(":")
+        return cls([float(x) for x in levels.split(",")], float(least) if least else None)
+
+    def __str__(self) -> str:
+        return f"{self.levels}" + (f" min_effect {self.min_effect}" if self.min_effect else "")
+
+
+def with_levels(rules: RuleSet, row: Levels) -> RuleSet:
+    """``rules`` with the straggler's ``effect_levels`` (and ``min_effect``) replaced."""
+    extra = {"effect_levels": row.levels} | (
+        {"min_effect": row.min_effect} if row.min_effect else {})
+    return RuleSet(tuple(dataclasses.replace(r, params={**r.params, **extra})
                          if r.kind == "straggler" else r for r in rules.rules),
-                   rules.allowed_lateness_us, source=f"{rules.source} (levels {levels})")
+                   rules.allowed_lateness_us, source=f"{rules.source} ({row})")
 
 
-def levels_table(rules: RuleSet, sets: list[list[float]]) -> None:
+def levels_table(rules: RuleSet, sets: list[Levels]) -> None:
     print("straggler effect_levels: time-to-verdict (median/max steps, missed of 7; 16 ranks, "
           "+-10% noise), false verdicts per 100k rank-steps, the quality suite")
     for levels in sets:
@@ -168,8 +187,9 @@ def levels_table(rules: RuleSet, sets: list[list[float]]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--levels", action="append", default=[],
-                    type=lambda v: [float(x) for x in v.split(",")],
-                    help="only the effect_levels trade-off, for these levels (repeatable)")
+                    type=Levels.parse,
+                    help="only the effect_levels trade-off, for these levels: "
+                         "L1,L2,...[:MIN_EFFECT] (repeatable)")
     args = ap.parse_args()
     rules = load_default_rules()
     if args.levels:

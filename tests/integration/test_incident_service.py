@@ -100,7 +100,7 @@ def test_service_publishes_the_rebuilt_transitions_once_and_replay_reproduces_th
     assert from_file.exact and len(from_file.incidents.same) == 2
 
     # what-if: a stricter straggler threshold, the tier-1 incident would vanish
-    strict = parse_rules(DEFAULT_YAML.replace("effect_levels: [1.15, 1.3, 1.6, 2.0]",
+    strict = parse_rules(DEFAULT_YAML.replace("effect_levels: [1.1, 1.3, 1.6, 2.0]",
                                               "effect_levels: [1.8]")
                          .replace("threshold_ratio: 1.15", "threshold_ratio: 1.8"), "strict.yaml")
     what_if = replay_log(log, strict, settings=SETTINGS)

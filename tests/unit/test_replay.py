@@ -45,7 +45,7 @@ def strict_rules() -> RuleSet:
 
 
 def strict_yaml() -> str:
-    return DEFAULT_YAML.replace("effect_levels: [1.15, 1.3, 1.6, 2.0]", "effect_levels: [1.8]") \
+    return DEFAULT_YAML.replace("effect_levels: [1.1, 1.3, 1.6, 2.0]", "effect_levels: [1.8]") \
         .replace("threshold_ratio: 1.15", "threshold_ratio: 1.8")
 
 
@@ -195,7 +195,7 @@ def test_what_if_lists_incidents_that_would_change_and_appear() -> None:
     assert change.recorded.subject == "node node-a, rank 2"
     assert change.differences[0].startswith("seq 0: recorded -> detected at")
 
-    looser = parse_rules(DEFAULT_YAML.replace("effect_levels: [1.15,", "effect_levels: [1.1,"),
+    looser = parse_rules(DEFAULT_YAML.replace("min_effect: 1.15", "min_effect: 1.05"),
                          "loose.yaml")
     r = replay_log(recorded, looser)
     assert [s.subject for s in r.incidents.appear] == ["node node-a, rank 1"]

@@ -68,10 +68,14 @@ PARAMS: dict[str, tuple[Param, ...]] = {
         Param("threshold_ratio", NUM, 1.15, gt(1),
               "a rank whose own normal stands this far above its stage peers' normals (and by "
               "outlier_z) is slow from the start"),
-        Param("effect_levels", list, [1.15, 1.3, 1.6, 2.0], ratio_list,
+        Param("effect_levels", list, [1.1, 1.3, 1.6, 2.0], ratio_list,
               "a step is over at a level when the rank is this far above its own normal "
               "against its peers; each level has its own rate and test (a large effect is "
               "told in fewer steps than a small one)"),
+        Param("min_effect", NUM, 1.15, gt(1),
+              "and a rank is flagged by a level below this only when the median of its last n "
+              "steps is this far above its own normal: a low level tells a modest slowdown in "
+              "fewer steps, this keeps a drift below it from being flagged"),
         Param("persistent_share", NUM, 0.75, between(0.5, 0.99),
               "the share of over-steps of a persistently slow rank (the test's alternative)"),
         Param("alpha", NUM, 1e-6, between(1e-12, 0.1),

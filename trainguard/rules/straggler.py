@@ -138,6 +138,7 @@ class Params:
 
     threshold_ratio: float
     effect_levels: tuple[float, ...]
+    min_effect: float
     persistent_share: float
     alpha: float
     over_rate_floor: float
@@ -197,6 +198,7 @@ class StragglerRule(RuleBase):
         super().__init__(ctx)
         self.q = Params.of(self.p)
         self.levels = [math.log(x) for x in self.q.effect_levels]
+        self.min_effect = math.log(self.q.min_effect)
         self.limit = math.log(1.0 / self.q.alpha)
         self._fresh()
         # precomputed per level: the CUSUM's gains at the floor rate (most ranks' own rate),
@@ -395,7 +397,8 @@ class StragglerRule(RuleBase):
             # the normal rests on `seen` noisy steps: a step is over a level only by more than
             # twice the normal's standard error, so a normal learned a little low from a short
             # history does not make noise look like a straggler
-            d = lr - st.normal - 2.0 * 1.2533 * st.spread / math.sqrt(max(st.seen, 1))
+            margin = 2.0 * 1.2533 * st.spread / math.sqrt(max(st.seen, 1))
+            d = lr - st.normal - margin
             level = -1
             if lr > 0.0 and value - expected >= min_excess:  # slower than its peers
                 for j in range(nlev):
@@ -433,7 +436,9 @@ class StragglerRule(RuleBase):
                 continue
             hist = st.hist
             recent = hist[-n:]
-            if hit >= 0 and sum(1 for r in recent if r.level >= hit) >= k:
+            if hit >= 0 and sum(1 for r in recent if r.level >= hit) >= k and (
+                    levels[hit] >= self.min_effect
+                    or _recent_effect(st, st.normal, n) - margin >= self.min_effect):
                 first = next(r for r in recent if r.level >= hit)
                 st.ref, st.effect = st.normal, _recent_effect(st, st.normal, n)
                 out.extend(self._open(key, rank, st, OWN_NORMAL, first.step,
