@@ -6,7 +6,7 @@ fixture and ``dead_letters``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from trainguard.bus.consumer import Delivered
@@ -14,8 +14,8 @@ from trainguard.bus.dlq import DeadLetter
 from trainguard.bus.protocol import Bus, EventSource, RawRecord, RecordSource
 from trainguard.events.codec import decode, make_event
 from trainguard.events.envelope import Event, Subject
-from trainguard.events.payloads import Heartbeat
-from trainguard.events.topics import TopicRole
+from trainguard.events.payloads import Command, CommandAction, Heartbeat
+from trainguard.events.topics import SPEC_BY_ROLE, TopicRole
 from trainguard.rules.synth import process_exit
 
 T = TypeVar("T")
@@ -30,6 +30,15 @@ def beat(job: str, n: int, ingest_time: int | None = None) -> Event:
     return make_event(Heartbeat(rank=0, step=n), event_id=f"hb-{job}-{n:04d}", job_id=job,
                       event_time=1_000_000 + n, source="contract", subject=Subject(rank=0),
                       ingest_time=ingest_time)
+
+
+def command_for(job: str) -> Event:
+    """A command event of ``job`` (unsigned: the readers here check nothing)."""
+    cmd = Command(command_id=f"c-{job}", idempotency_key=f"c-{job}",
+                  action=CommandAction.RAISE_QUOTA, tier=1, issued_at=1_000_000,
+                  issued_by="contract", params={"rank": 0})
+    return make_event(cmd, event_id=f"command-{job}", job_id=job, event_time=1_000_000,
+                      source="contract", subject=Subject(rank=0))
 
 
 def steps(events: list[Event]) -> list[int | None]:
@@ -325,3 +334,63 @@ class BusContract:
         assert len(second) == 1 and second[0].value is not None  # from the group's commit on
         assert decode(second[0].value).event_id == "hb-job-a-0001"
         assert self.dead_letters(bus) == []  # a raw reader dead-letters nothing
+
+    def test_a_lease_gives_each_partition_to_one_member_and_hands_over_on_stop(
+            self, bus: Bus) -> None:
+        group = f"{bus.names.prefix}-lease"
+        every = frozenset(range(SPEC_BY_ROLE[TopicRole.COMMANDS].partitions))
+
+        async def until(ok: Callable[[], bool], limit_s: float = 30.0) -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + limit_s
+            while not ok() and loop.time() < deadline:
+                await asyncio.sleep(0.1)
+
+        async def go() -> tuple[list[frozenset[int]], dict[str, tuple[int, bool, bool]],
+                                frozenset[int]]:
+            prod = bus.producer()
+            await prod.start()
+            a = bus.lease(TopicRole.COMMANDS, group_id=group, name="a")
+            b = bus.lease(TopicRole.COMMANDS, group_id=group, name="b")
+            try:
+                await a.start()
+                await until(lambda: a.held() == every)
+                alone = a.held()
+                await b.start()
+                await until(lambda: bool(a.held()) and bool(b.held())
+                            and a.held() | b.held() == every)
+                split = [a.held(), b.held()]
+                # where the producer puts a job's records, and who holds that partition
+                where: dict[str, tuple[int, bool, bool]] = {}
+                jobs = [f"job-{i}" for i in range(12)]
+                for job in jobs:
+                    await prod.send(command_for(job))
+                reader = bus.consumer([TopicRole.COMMANDS], group_id=None, name="r", dlq=None)
+                await reader.start()
+                try:
+                    got: list[Delivered] = []
+                    loop = asyncio.get_running_loop()
+                    deadline = loop.time() + 30
+                    while len(got) < len(jobs) and loop.time() < deadline:
+                        got += await reader.poll(timeout_ms=200)
+                finally:
+                    await reader.stop()
+                for d in got:
+                    key = d.event.job_id.encode()
+                    where[d.event.job_id] = (d.partition, a.holds(key), b.holds(key))
+                await b.stop()
+                await until(lambda: a.held() == every)
+                return [alone, *split], where, a.held()
+            finally:
+                await a.stop()
+                await b.stop()
+                await prod.stop()
+
+        (alone, held_a, held_b), where, after = run(go())
+        assert alone == every
+        assert held_a and held_b and not held_a & held_b and held_a | held_b == every
+        assert len(where) == 12
+        for partition, in_a, in_b in where.values():  # exactly one member holds each job
+            assert in_a == (partition in held_a) and in_b == (partition in held_b)
+            assert in_a != in_b
+        assert after == every  # a member that stops hands its partitions over

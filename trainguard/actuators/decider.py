@@ -6,6 +6,18 @@ Ed25519 key. At start it reads every topic from the beginning to rebuild its sta
 derived during that catch-up are published only if their idempotency key is not already on
 the commands topic, so a restarted service does not repeat itself.
 
+Active and standby (``--group-id``): several instances join one consumer group on the commands
+topic (``Bus.lease``); each is active for the jobs whose commands go to a partition it holds,
+and a hot standby for the rest. Every instance reads and folds everything, so a standby's state
+is current; it publishes nothing for a job it does not hold and keeps what it decided for it
+(``standing``) until that command shows up on the commands topic. When it takes a job over (the
+active one stopped, or its session timed out after a kill), it first reads the commands topic
+to its end, then publishes what it decided that is still pending and not on the topic: no
+decision of the old instance is lost, and none is issued twice under another key. A command the
+old instance wrote in its last moments and the new one had not read yet is written again under
+the same event id and idempotency key: readers deduplicate it and the actuator acts on a key
+once.
+
 What it believes (``signing.Trust``): a command only when it verifies with decide's own public
 key, an outcome or pool event only when it verifies with a trusted actuator key. Anything else
 of those types is dead-lettered by the consumer and never reaches the policy: a forged command
@@ -22,7 +34,7 @@ from dataclasses import dataclass, field
 from trainguard.actuators import metrics, policy, signing
 from trainguard.actuators.policy import Decision, PolicyConfig, PolicyState
 from trainguard.bus.consumer import Delivered
-from trainguard.bus.protocol import Bus, EventSink, EventSource
+from trainguard.bus.protocol import Bus, EventSink, EventSource, Lease
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event
@@ -46,6 +58,7 @@ class DeciderOptions:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     tick_s: float = 0.25
     jobs: frozenset[str] | None = None  # None: every job
+    group_id: str | None = None  # None: one instance, active for every job
 
 
 class Decider:
@@ -54,6 +67,10 @@ class Decider:
         self.opts = opts
         self.state = PolicyState()
         self.producer: EventSink | None = None  # made inside the running loop
+        self.lease: Lease | None = None
+        # decided for a job another instance is active for: idempotency key -> decision,
+        # until the command is read back from the topic (or this instance takes the job over)
+        self.standing: dict[str, Decision] = {}
         self.trust = signing.Trust(
             decide=opts.previous | signing.KeySet.of([opts.key.public()]),
             actuators=opts.actuators)
@@ -79,8 +96,31 @@ class Decider:
             await consumer.refuse(item, exc)
             return []
 
+    def active(self, job_id: str) -> bool:
+        """Whether this instance publishes the commands of ``job_id`` (see the module's text)."""
+        return self.lease is None or self.lease.holds(job_id.encode())
+
+    def _read_back(self, event: Event) -> None:
+        if isinstance(event.payload, Command):
+            self.standing.pop(event.payload.idempotency_key, None)
+
+    def _take_over(self) -> list[Decision]:
+        """What this instance decided for jobs it is now active for, still pending and not
+        on the commands topic (call with the commands topic read to its end)."""
+        out: list[Decision] = []
+        for key, d in list(self.standing.items()):
+            if key not in self.state.pending:
+                del self.standing[key]  # done with: its outcome came, or its cause ended
+            elif self.active(d.job_id):
+                del self.standing[key]
+                out.append(d)
+        return out
+
     async def publish(self, decisions: list[Decision], cause_times: dict[str, int]) -> None:
         for d in decisions:
+            if not self.active(d.job_id):
+                self.standing[d.command.idempotency_key] = d
+                continue
             cmd: Command = signing.sign(self.opts.key, d.job_id, d.subject, d.command)
             event = make_event(cmd, event_id=derived_id("command", cmd.idempotency_key),
                                job_id=d.job_id, event_time=cmd.issued_at, source=SOURCE,
@@ -101,6 +141,10 @@ class Decider:
     async def run(self, stop: asyncio.Event) -> None:
         self.producer = self.bus.producer()
         await self.producer.start()
+        if self.opts.group_id is not None:
+            self.lease = self.bus.lease(TopicRole.COMMANDS, group_id=self.opts.group_id,
+                                        name="decide")
+            await self.lease.start()
         # dedupe: a record written twice (a producer's retry) is folded once; a record of a
         # signed type that does not verify is dead-lettered, never folded
         consumer = self.bus.consumer(ROLES, group_id=None, name="decide", dlq=self.producer,
@@ -120,17 +164,34 @@ class Decider:
             await self.publish(fresh, seen)
             log.warning("decide: caught up (%d open verdicts, %d pending commands)",
                         len(self.state.open), len(self.state.pending))
+            held = frozenset[int]()
             while not stop.is_set():
-                out: list[Decision] = []
-                for d in await consumer.poll(timeout_ms=int(self.opts.tick_s * 1000)):
-                    ev = d.event
-                    if not self.wanted(ev):
-                        continue
-                    if isinstance(ev.payload, Verdict):
-                        seen[ev.payload.verdict_id] = ev.ingest_time or ev.event_time
-                    out.extend(await self._guarded(consumer, d))
+                out = await self._fold(consumer, await consumer.poll(
+                    timeout_ms=int(self.opts.tick_s * 1000)), seen)
+                if self.lease is not None and self.lease.held() != held:
+                    gained = self.lease.held() - held
+                    held = self.lease.held()
+                    if gained:  # the commands the old instance wrote, before deciding again
+                        out += await self._fold(consumer, await consumer.drain(
+                            idle_ms=200, limit_s=30), seen)
+                        out += self._take_over()
                 self.state, more = policy.tick(self.state, now_us(), self.opts.policy)
                 await self.publish(out + more, seen)
         finally:
             await consumer.stop()
+            if self.lease is not None:
+                await self.lease.stop()
             await self.producer.stop()
+
+    async def _fold(self, consumer: EventSource, items: list[Delivered],
+                    seen: dict[str, int]) -> list[Decision]:
+        out: list[Decision] = []
+        for d in items:
+            ev = d.event
+            if not self.wanted(ev):
+                continue
+            self._read_back(ev)
+            if isinstance(ev.payload, Verdict):
+                seen[ev.payload.verdict_id] = ev.ingest_time or ev.event_time
+            out.extend(await self._guarded(consumer, d))
+        return out

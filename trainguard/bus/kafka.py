@@ -10,6 +10,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import Check, EventConsumer
+from trainguard.bus.lease import KafkaLease
 from trainguard.bus.producer import EventProducer
 from trainguard.bus.protocol import EventSink, EventSource, RawRecord
 from trainguard.events.envelope import Event
@@ -45,6 +46,9 @@ class KafkaBus:
                    from_offset: str = "earliest") -> KafkaRecordSource:
         return KafkaRecordSource(self.config, self.names, roles, group_id=group_id,
                                  from_offset=from_offset)
+
+    def lease(self, role: TopicRole, *, group_id: str, name: str) -> KafkaLease:
+        return KafkaLease(self.config, self.names.name(role), group_id=group_id, name=name)
 
 
 class KafkaRecordSource:

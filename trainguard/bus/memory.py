@@ -58,6 +58,7 @@ class MemoryBus:
             for s in TOPIC_SPECS}
         self.committed: dict[tuple[str, str, int], int] = {}  # (group, topic, partition)
         self._spread = itertools.count()  # records without a key go round the partitions
+        self.groups: dict[tuple[str, str], list[MemoryLease]] = {}  # (group, topic): members
 
     # --- the log ----------------------------------------------------------------------------
 
@@ -131,6 +132,15 @@ class MemoryBus:
                    from_offset: str = "earliest") -> MemoryRecordSource:
         return MemoryRecordSource(self, roles, group_id=group_id, name=name,
                                   from_offset=from_offset)
+
+    def lease(self, role: TopicRole, *, group_id: str, name: str) -> MemoryLease:
+        return MemoryLease(self, self.names.name(role), group_id=group_id, name=name)
+
+    def expire(self, lease: MemoryLease) -> None:
+        """The group's session of ``lease`` times out (its process was killed or paused): the
+        others take its partitions over, while it, if it still runs, believes it holds them."""
+        lease._zombie = lease.held()
+        self.groups[(lease.group_id, lease.topic)].remove(lease)
 
 
 class MemoryProducer:
@@ -351,3 +361,40 @@ def _decode(value: bytes | None) -> Event:
         raise ContractError([FieldError("value", None, "a null value (tombstone) is not an "
                                                        "event")])
     return decode(value)
+
+
+class MemoryLease:
+    """``Bus.lease`` in memory: the group's live members in the order they joined; partition p
+    is held by member p mod (members), as Kafka's round-robin assignor spreads one topic."""
+
+    def __init__(self, bus: MemoryBus, topic: str, *, group_id: str, name: str) -> None:
+        bus.partitions(topic)  # unknown topics fail here, as subscribing would
+        self.bus = bus
+        self.topic = topic
+        self.group_id = group_id
+        self.name = name
+        self._zombie: frozenset[int] | None = None
+
+    def _members(self) -> list[MemoryLease]:
+        return self.bus.groups.setdefault((self.group_id, self.topic), [])
+
+    async def start(self) -> None:
+        self._members().append(self)
+
+    async def stop(self) -> None:
+        members = self._members()
+        if self in members:
+            members.remove(self)
+        self._zombie = frozenset()
+
+    def held(self) -> frozenset[int]:
+        if self._zombie is not None:
+            return self._zombie
+        members = self._members()
+        if self not in members:
+            return frozenset()
+        me, n = members.index(self), len(members)
+        return frozenset(p for p in range(len(self.bus.partitions(self.topic))) if p % n == me)
+
+    def holds(self, key: bytes) -> bool:
+        return self.bus.partition_for(self.topic, key) in self.held()

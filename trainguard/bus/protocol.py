@@ -20,6 +20,12 @@ The semantics both keep:
   decoded, nothing dead-lettered), for a reader that judges them itself (the metrics service
   counts invalid records; their own consumers dead-letter them). Group positions as above;
   ``lag()`` is how far the reader is behind the end of each topic.
+- ``lease(role, group_id=..., name=...)``: membership of a consumer group on one topic,
+  which holds no records, only partitions: each partition is held by exactly one live member
+  (Kafka's group assignment), a member that stops hands its partitions to the others at once,
+  and one that stops answering loses them after the group's session timeout. A service runs
+  as several instances, each active for the keys of the partitions it holds (``holds(key)``:
+  the key's partition, as the producer places it) and standing by for the rest.
 - Kafka only (``GroupLagSource``, optional): other consumer groups' committed positions from the
   admin API; a service checks ``isinstance(source, GroupLagSource)`` and goes without it.
 """
@@ -121,6 +127,24 @@ class RecordSource(Protocol):
         ...
 
 
+class Lease(Protocol):
+    """This member's share of a topic's partitions in a consumer group (``Bus.lease``)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None:
+        """Leave the group: the other members take these partitions over now."""
+        ...
+
+    def held(self) -> frozenset[int]:
+        """The partitions this member holds now (empty while the group rebalances)."""
+        ...
+
+    def holds(self, key: bytes) -> bool:
+        """Whether this member holds the partition a record with ``key`` goes to."""
+        ...
+
+
 @runtime_checkable
 class GroupLagSource(Protocol):
     """Optional (Kafka only): other groups' committed positions, from the admin API."""
@@ -154,4 +178,8 @@ class Bus(Protocol):
     def raw_source(self, roles: Sequence[TopicRole], *, group_id: str | None, name: str,
                    from_offset: str = "earliest") -> RecordSource:
         """The raw records of ``roles`` (see the module's text)."""
+        ...
+
+    def lease(self, role: TopicRole, *, group_id: str, name: str) -> Lease:
+        """Membership of ``group_id`` on the topic of ``role`` (see the module's text)."""
         ...

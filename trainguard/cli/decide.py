@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "$TRAINGUARD_COMMAND_PUBKEY_FILE, else $TRAINGUARD_COMMAND_PUBKEY; optional)")
     renamed(p, p.add_argument("--job-id", action="append", help="only this job (repeatable; "
                               "default: every job)"), "--job")
+    p.add_argument("--group-id", help="run as one of several decide instances in this consumer "
+                   "group (named <prefix>-decide...): each is active for the jobs whose "
+                   "commands partition it holds and a standby for the rest, taking them over "
+                   "when the other stops or dies (default: one instance, active for every job)")
     p.add_argument("--window-s", type=float, default=5.0,
                    help="one policy window, in seconds (default 5)")
     p.add_argument("--tier-windows", type=int, default=2,
@@ -92,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port, args.metrics_addr)
     decider = Decider(KafkaBus(cfg), DeciderOptions(key=key, actuators=actuators,
                                                     previous=previous, policy=pol,
+                                                    group_id=args.group_id,
                                           jobs=frozenset(args.job_id) if args.job_id else None))
     run_until_stopped(decider.run)
     return 0
