@@ -104,16 +104,19 @@ class Decider:
         if isinstance(event.payload, Command):
             self.standing.pop(event.payload.idempotency_key, None)
 
+    def _prune_standing(self) -> None:
+        """What the policy no longer waits for (its outcome came, its cause ended) is no
+        longer standing."""
+        for key in [k for k in self.standing if k not in self.state.pending]:
+            del self.standing[key]
+
     def _take_over(self) -> list[Decision]:
         """What this instance decided for jobs it is now active for, still pending and not
         on the commands topic (call with the commands topic read to its end)."""
-        out: list[Decision] = []
-        for key, d in list(self.standing.items()):
-            if key not in self.state.pending:
-                del self.standing[key]  # done with: its outcome came, or its cause ended
-            elif self.active(d.job_id):
-                del self.standing[key]
-                out.append(d)
+        self._prune_standing()
+        out = [d for d in self.standing.values() if self.active(d.job_id)]
+        for d in out:
+            del self.standing[d.command.idempotency_key]
         return out
 
     async def publish(self, decisions: list[Decision], cause_times: dict[str, int]) -> None:
@@ -177,6 +180,7 @@ class Decider:
                         out += self._take_over()
                 self.state, more = policy.tick(self.state, now_us(), self.opts.policy)
                 await self.publish(out + more, seen)
+                self._prune_standing()
         finally:
             await consumer.stop()
             if self.lease is not None:
