@@ -74,11 +74,6 @@ class KafkaLease:
         try:
             await self._consumer.start()
             self._consumer.subscribe([self.topic], listener=_Listener(self))
-            parts = self._consumer.partitions_for_topic(self.topic)
-            if not parts:
-                raise RuntimeError(f"{self.name}: topic {self.topic} has no partitions "
-                                   "(not created?)")
-            self._partitions = len(parts)
         except BaseException:
             await self._consumer.stop()
             raise
@@ -103,4 +98,9 @@ class KafkaLease:
         return self._held
 
     def holds(self, key: bytes) -> bool:
-        return self._partitions > 0 and key_partition(key, self._partitions) in self._held
+        held = self._held
+        if not held:
+            return False
+        if not self._partitions:  # known once the group gave this member partitions
+            self._partitions = len(self._consumer.partitions_for_topic(self.topic) or ())
+        return self._partitions > 0 and key_partition(key, self._partitions) in held
