@@ -11,8 +11,13 @@ transitions are published. Either way the result is the same. Then a consumer gr
 follows the topics; each batch's transitions are published (acks=all) before its offsets are
 committed. A restart publishes nothing twice: transition ids are derived from the incident and
 its sequence number, and ids already on the topic are skipped (consumers dedupe by id anyway).
-When the log is quiet for ``idle_flush_s`` the reorder buffer is flushed so the tail of a
-finished job is decided too.
+When the log is quiet for ``idle_flush_s`` and the consumer has read everything now on its
+partitions, the reorder buffer is flushed so the tail of a finished job is decided too. Quiet
+alone is not enough: after an outage (or under load) a poll can come back empty while another
+topic's records are still unread, and a flush then would fold a verdict's resolve before the
+command it followed and publish a transition the log does not make (a 2026-12-06 CI run did).
+When the consumer cannot tell (the broker is away), the buffer is flushed after
+``unread_flush_s`` of quiet anyway.
 """
 
 from __future__ import annotations
@@ -111,8 +116,23 @@ class Publisher:
         self.stats.published += len(futures)
 
 
+UNREAD_FLUSH_S = 30.0
+CAUGHT_UP_TIMEOUT_S = 2.0
+
+
+async def _read_all(consumer: EventSource) -> bool:
+    """Whether the consumer has read everything now on its partitions; False when it cannot
+    tell (the broker away or slow to answer)."""
+    try:
+        return await asyncio.wait_for(consumer.caught_up(), CAUGHT_UP_TIMEOUT_S)
+    except Exception as exc:  # any failure to ask is "cannot tell"
+        log.debug("incidents: cannot tell whether everything was read: %s", exc)
+        return False
+
+
 async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                 group: str | None = None, idle_flush_s: float = 5.0,
+                unread_flush_s: float = UNREAD_FLUSH_S,
                 stop: asyncio.Event | None = None, stats: ServiceStats | None = None,
                 check: Check | None = None, live: LiveIncidents | None = None,
                 observe: Callable[[Event], None] | None = None,
@@ -126,7 +146,8 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
     after a restart from a snapshot, the events since the snapshot only).
 
     ``snapshots``: where the state is written and read back (None: never; every start
-    rebuilds from the log). ``poll_ms``: how long one poll waits for records."""
+    rebuilds from the log). ``poll_ms``: how long one poll waits for records.
+    ``idle_flush_s``/``unread_flush_s``: see the module's text."""
     stats = stats or ServiceStats()
     stop = stop or asyncio.Event()
     live = live if live is not None else LiveIncidents(settings)
@@ -164,7 +185,9 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                 out += live.catch_up()  # records that came behind the watermark, in place
                 if batch:
                     last_input = loop.time()
-                elif live.buffered and loop.time() - last_input >= idle_flush_s:
+                elif live.buffered and loop.time() - last_input >= idle_flush_s and (
+                        loop.time() - last_input >= unread_flush_s
+                        or await _read_all(consumer)):
                     out += live.flush()
                     unsaved += 1  # the state moved: the next snapshot has it
             except SnapshotError as exc:  # a restored record the codec no longer reads
