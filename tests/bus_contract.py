@@ -45,14 +45,19 @@ def steps(events: list[Event]) -> list[int | None]:
     return [e.payload.step if isinstance(e.payload, Heartbeat) else None for e in events]
 
 
-async def poll_until(consumer: EventSource, n: int, limit_s: float = 30.0) -> list[Event]:
+async def delivered_until(consumer: EventSource, n: int,
+                          limit_s: float = 30.0) -> list[Delivered]:
     """Poll until ``n`` events came (or the limit: then what came, for the assertion)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit_s
-    out: list[Event] = []
+    out: list[Delivered] = []
     while len(out) < n and loop.time() < deadline:
-        out += [d.event for d in await consumer.poll(timeout_ms=200)]
+        out += await consumer.poll(timeout_ms=200)
     return out
+
+
+async def poll_until(consumer: EventSource, n: int, limit_s: float = 30.0) -> list[Event]:
+    return [d.event for d in await delivered_until(consumer, n, limit_s)]
 
 
 class BusContract:
@@ -71,11 +76,7 @@ class BusContract:
             consumer = bus.consumer([TopicRole.TASK], group_id=None, name="t", dlq=prod)
             await consumer.start()
             try:
-                got: list[Delivered] = []
-                loop = asyncio.get_running_loop()
-                deadline = loop.time() + 30
-                while len(got) < len(sent) and loop.time() < deadline:
-                    got += await consumer.poll(timeout_ms=200)
+                got = await delivered_until(consumer, len(sent))
             finally:
                 await consumer.stop()
                 await prod.stop()
@@ -368,11 +369,7 @@ class BusContract:
                 reader = bus.consumer([TopicRole.COMMANDS], group_id=None, name="r", dlq=None)
                 await reader.start()
                 try:
-                    got: list[Delivered] = []
-                    loop = asyncio.get_running_loop()
-                    deadline = loop.time() + 30
-                    while len(got) < len(jobs) and loop.time() < deadline:
-                        got += await reader.poll(timeout_ms=200)
+                    got = await delivered_until(reader, len(jobs))
                 finally:
                     await reader.stop()
                 for d in got:
