@@ -4,7 +4,8 @@ the rule gives the same verdict bytes as the verbatim copy of the rule before th
 (bench/main_straggler.py). Pipeline stages of at most ``SMALL_STAGE_RANKS`` ranks are judged
 against the other stages since (issue 14, "Small stages"): jobs with such stages are left out
 here; the quality suite scores them. The effect levels are the ones before ``min_effect`` (a
-level below it needs the recent median too, which the copy does not know)."""
+level below it needs the recent median too, which the copy does not know). Where a later
+change moved only the evidence, the verdicts' steps are compared (``SAME_STEPS``)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.main_straggler import MainStragglerRule
-from trainguard.events.codec import encode
+from trainguard.events.codec import decode, encode
 from trainguard.events.envelope import Event
+from trainguard.events.payloads import Verdict
 from trainguard.quality.cases import all_cases, sorted_events
 from trainguard.rules import RuleSet, load_default_rules, replay
 from trainguard.rules.registry import EVALUATORS
@@ -58,7 +60,23 @@ def both(events: list[Event], rules: RuleSet = STRAGGLER) -> tuple[list[bytes], 
 def test_suite_cases_give_the_same_bytes(name: str) -> None:
     case = next(c for c in all_cases() if c.name == name)
     new, old = both(sorted_events(case))
-    assert new == old and (new or name == "stages-8-ranks")  # the others open a verdict
+    assert new or name == "stages-8-ranks"  # the others open a verdict
+    if name in SAME_STEPS:
+        assert [when(b) for b in new] == [when(b) for b in old]
+    else:
+        assert new == old
+
+
+# Since the learning froze on bursts already unlikely at a rank's own rate (2026-12-06), a
+# throttled rank's first bursts no longer move its learned normal: its verdicts open and
+# resolve at the same steps, with another baseline in their evidence.
+SAME_STEPS = {"throttle-bursts"}
+
+
+def when(raw: bytes) -> tuple[object, ...]:
+    e = decode(raw)
+    assert isinstance(e.payload, Verdict)
+    return e.payload.kind, e.payload.state, e.subject.rank, e.event_time
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

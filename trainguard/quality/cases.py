@@ -163,6 +163,25 @@ def _throttle() -> list[Event]:
     return generate("throttle", 6, 200, speed, noise=0.1, seed=107, base_ms=1.0)
 
 
+# the first 16 stalls of rank 1 in the drills' r1-slowdown run of 2026-12-06 (2 % CPU quota),
+# as steps after the first: one alone, then about one step in four, irregular (the drill's
+# next stall came 17 steps later: a pause long enough to resolve a verdict)
+DRILL_STALLS = (0, 10, 18, 20, 24, 36, 38, 46, 49, 62, 65, 71, 73, 82, 83, 88)
+
+
+def _throttle_irregular() -> list[Event]:
+    """The same quota as it stalled a rank in the drill: rank 2 stalls ~100 ms at the drill's
+    steps from step 30, soon after its normal is learned. Its first stalls come far apart: a
+    rule that learns from them as they leave its span raises the rate they are judged against
+    and never fires (the drill did not, until the learning froze on bursts already unlikely at
+    the rank's own rate)."""
+    stalls = {30 + s for s in DRILL_STALLS}
+
+    def speed(rank: int, step: int, rng: random.Random) -> float:
+        return 100.0 if rank == 2 and step in stalls else 1.0
+    return generate("throttle-irregular", 6, 200, speed, noise=0.1, seed=113, base_ms=1.0)
+
+
 def _big() -> list[Event]:
     """dp x pp x tp = 64 x 4 x 8 = 2,048 ranks (4 stages of 512): rank 1500 runs 2x from step 40."""
     def speed(rank: int, step: int, rng: random.Random) -> float:
@@ -287,6 +306,8 @@ def _synthetic_cases() -> list[Case]:
         Case("spikes", _spikes, note="random 4x single steps, 2.5% of steps on every rank"),
         Case("throttle-bursts", _throttle, (Expect("straggler", 2, 58, 66, 60),),
              note="2% CPU quota: rank 2 stalls 100x one step in 5 from 60"),
+        Case("throttle-irregular", _throttle_irregular, (Expect("straggler", 2, 30, 54, 30),),
+             note="2% CPU quota as the drill stalled rank 2: irregular, from 30"),
         Case("big-2048", _big, (Expect("straggler", 1500, 38, 46, 40),),
              note="dp64 x pp4 x tp8; rank 1500 2x from 40"),
         Case("huge-16384", _huge, (Expect("straggler", 12345, 22, 28, 24),),

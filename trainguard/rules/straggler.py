@@ -200,6 +200,8 @@ class StragglerRule(RuleBase):
         self.levels = [math.log(x) for x in self.q.effect_levels]
         self.min_effect = math.log(self.q.min_effect)
         self.limit = math.log(1.0 / self.q.alpha)
+        # the bursts' test halfway to its limit (as a CUSUM above limit/2): sqrt(burst_alpha)
+        self._burst_half = math.sqrt(self.q.burst_alpha)
         self._fresh()
         # precomputed per level: the CUSUM's gains at the floor rate (most ranks' own rate),
         # the same expressions as in _judge so the sums are bit-identical
@@ -479,8 +481,9 @@ class StragglerRule(RuleBase):
 
     def _push(self, st: RankState, row: StepRow, frozen: bool) -> None:
         """Append a row; the row leaving the burst span is learned from (the normal and the
-        own rates), unless the rank is suspect: flagged, a test above half its limit, or
-        bursts enough to count. Learning lags the span so a fault's onset is never learned
+        own rates), unless the rank is suspect: flagged, a test above half its limit, bursts
+        enough to count, or bursts already unlikely at its own rate (the bursts' test halfway,
+        ``_bursts_suspect``). Learning lags the span so a fault's onset is never learned
         before it is judged."""
         hist = st.hist
         hist.append(row)
@@ -493,7 +496,7 @@ class StragglerRule(RuleBase):
         if old.burst:
             st.bursts -= 1
         if frozen or not old.judged or st.bursts >= q.burst_k \
-                or max(st.llr) > self.limit / 2:
+                or max(st.llr) > self.limit / 2 or self._bursts_suspect(st):
             return
         st.seen = w_n = min(st.seen + 1, q.normal_memory_steps)
         w = 1.0 / w_n
@@ -506,6 +509,16 @@ class StragglerRule(RuleBase):
         dev = min(max(old.lr - st.normal, -pull), pull)
         st.normal += w * dev
         st.spread += w * (abs(dev) - st.spread)
+
+    def _bursts_suspect(self, st: RankState) -> bool:
+        """The span's bursts are already unlikely at the rank's own rate (the test halfway to
+        its limit, sqrt(burst_alpha)): a throttle's first bursts, fewer than ``burst_k`` yet,
+        must not raise the rate they are judged against (a 2 % CPU quota's bursts were
+        learned one by one, the rate crept up with them and the test never fired)."""
+        if st.bursts <= 0:
+            return False
+        rate = null_rate(st.burst_rate, self.q.over_rate_floor)
+        return binomial_tail(st.bursts, self.q.burst_steps, rate) < self._burst_half
 
     def _stage_outliers(self, candidates: list[str], judged: list[str], stage: str, step: int,
                         row: dict[str, Cell]) -> list[Event]:
