@@ -83,7 +83,11 @@ class KafkaLease:
         """Poll (every partition paused: nothing is fetched) so the member stays in the group
         and rebalances run."""
         while True:
-            await self._consumer.getmany(timeout_ms=500)
+            try:
+                await self._consumer.getmany(timeout_ms=500)
+            except Exception as exc:  # a broker away: keep trying, or the member drops out
+                log.warning("%s: poll failed, retrying: %s", self.name, exc)
+                await asyncio.sleep(1.0)
 
     async def stop(self) -> None:
         self._held = frozenset()
