@@ -135,3 +135,57 @@ def test_a_reader_that_cannot_tell_still_flushes_after_the_longer_bound() -> Non
         return got
 
     assert asyncio.run(asyncio.wait_for(go(), 60)) == expected
+
+
+def test_late_records_are_folded_only_once_every_topic_is_read() -> None:
+    """After a flush (the step reports of an outage's spool), the verdicts and commands come
+    behind the watermark. A poll that brings the verdicts' resolve while the commands topic is
+    still unread must not fold them: "located -> recovered without action" would go out and
+    conflict with the rebuild's migrate (the second failure of the outage test in CI)."""
+    log = incident_log()
+    expected = sorted(canonical(t) for t in rebuild(log, SETTINGS))
+    bus = LaggingBus()
+    half = len(log) // 2
+    rest = log[half:]
+
+    async def go() -> tuple[list[bytes], ServiceStats]:
+        await bus.publish(log[:half])
+        stats = ServiceStats()
+        stop = asyncio.Event()
+        task = asyncio.create_task(serve(bus, settings=SETTINGS, idle_flush_s=0.2, stop=stop,
+                                         stats=stats, poll_ms=50))
+        loop = asyncio.get_running_loop()
+
+        async def wait_consumed(n: int) -> None:
+            deadline = loop.time() + 20
+            while stats.consumed < n and loop.time() < deadline:
+                await asyncio.sleep(0.02)
+
+        await wait_consumed(half)
+        steps = [e for e in rest if e.type == "step.report"]
+        await bus.publish(steps)
+        await wait_consumed(half + len(steps))
+        await asyncio.sleep(1.0)  # quiet and read: the buffer is flushed
+        for c in bus.followers:
+            c.lagging = bus.names.name(TopicRole.COMMANDS)
+        await bus.publish([e for e in rest if e.type != "step.report"])
+        await asyncio.sleep(1.5)  # far longer than the idle flush, the commands unread
+        for c in bus.followers:
+            c.lagging = None
+        deadline = loop.time() + 20
+        got: list[bytes] = []
+        while loop.time() < deadline:
+            got = sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
+                         if e.type == "incident.transition")
+            if len(got) >= len(expected):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # nothing more, nothing different
+        stop.set()
+        await task
+        return sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
+                      if e.type == "incident.transition"), stats
+
+    got, stats = asyncio.run(asyncio.wait_for(go(), 60))
+    assert stats.conflicts == 0
+    assert got == expected

@@ -183,6 +183,11 @@ class LiveIncidents:
         self._jobs, self.late, self.refolded = jobs, late, refolded
 
     @property
+    def dirty(self) -> bool:
+        """A late record is in some job's history and ``catch_up`` has not folded it yet."""
+        return any(job.dirty for job in self._jobs.values())
+
+    @property
     def buffered(self) -> int:
         return sum(len(job.buffer) for job in self._jobs.values())
 

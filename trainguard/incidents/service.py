@@ -17,7 +17,12 @@ alone is not enough: after an outage (or under load) a poll can come back empty 
 topic's records are still unread, and a flush then would fold a verdict's resolve before the
 command it followed and publish a transition the log does not make (a 2026-12-06 CI run did).
 When the consumer cannot tell (the broker is away), the buffer is flushed after
-``unread_flush_s`` of quiet anyway.
+``unread_flush_s`` of quiet anyway. Records that come behind the watermark (after an outage)
+are folded in their place by the same rule: once ``idle_flush_s`` has passed since the first
+of them and everything on the partitions is read (or ``unread_flush_s`` has passed). Folding
+them at once would publish a fold of whatever part of the late records the last poll happened
+to bring: a verdict's resolve read from its topic before the migrate command on another
+(another 2026-12-06 CI run did). Meanwhile the job's transitions wait.
 """
 
 from __future__ import annotations
@@ -162,14 +167,21 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
     await producer.start()
     consumer = bus.consumer(INPUT_ROLES, group_id=group_id, name="incidents", dlq=producer,
                             from_offset="earliest", check=check, start_at=start_at)
+    loop = asyncio.get_running_loop()
     try:
         publisher = Publisher(producer, known, stats)
+
+        async def settled(since: float) -> bool:
+            quiet = loop.time() - since
+            return quiet >= idle_flush_s and (quiet >= unread_flush_s
+                                              or await _read_all(consumer))
+
         if start_at is None:
             await _rebuild(bus, live, publisher, stats, check, seen)
         await consumer.start()
         stats.following = True
-        loop = asyncio.get_running_loop()
         last_input = saved_at = loop.time()
+        late_since: float | None = None  # when a record first came behind the watermark
         unsaved = 0  # batches folded (and flushes) since the last snapshot
         while not stop.is_set():
             batch = await consumer.poll(timeout_ms=poll_ms)
@@ -181,15 +193,19 @@ async def serve(bus: Bus, *, settings: IncidentSettings | None = None,
                     out += live.feed(ev)
                 except Exception as exc:  # poison for the fold: dead-lettered, carry on
                     await consumer.refuse(by_id[ev.event_id], exc)
+            now = loop.time()
+            if batch:
+                last_input = now
+            if live.dirty and late_since is None:
+                late_since = now
             try:
-                out += live.catch_up()  # records that came behind the watermark, in place
-                if batch:
-                    last_input = loop.time()
-                elif live.buffered and loop.time() - last_input >= idle_flush_s and (
-                        loop.time() - last_input >= unread_flush_s
-                        or await _read_all(consumer)):
-                    out += live.flush()
+                if not batch and live.buffered and await settled(last_input):
+                    out += live.flush()  # with the late records in their place
                     unsaved += 1  # the state moved: the next snapshot has it
+                elif late_since is not None and await settled(late_since):
+                    out += live.catch_up()  # records that came behind the watermark
+                if not live.dirty:
+                    late_since = None
             except SnapshotError as exc:  # a restored record the codec no longer reads
                 _set_aside(snapshots)
                 raise SnapshotError(f"incidents: {exc}; the snapshot is set aside, the next "
