@@ -187,6 +187,24 @@ def test_corrupting_the_newest_checkpoint_is_seen_by_the_store(tmp_path: Path,
     assert isinstance(store.verify(newest), Valid)
 
 
+def test_a_checkpoint_committed_after_the_corruption_is_corrupted_too(tmp_path: Path) -> None:
+    """A save in flight at inject commits a newer checkpoint; the resume would find it valid
+    and never see the corruption (a 2026-12-06 drill run). ``after_trigger`` corrupts it."""
+    _checkpoint(tmp_path, 10)
+    first = _checkpoint(tmp_path, 20)
+    store = CheckpointStore(tmp_path)
+    inj = CorruptNewest(tmp_path, "bitflip", keep_copy=True)
+    assert inj.inject().params["step"] == 20
+    assert inj.after_trigger(settle_s=0.0) == []  # nothing newer: nothing more
+    later = _checkpoint(tmp_path, 30)  # the save that was writing commits
+    again = inj.after_trigger(settle_s=0.0)
+    assert [a.params["step"] for a in again] == [30]
+    assert all(isinstance(store.verify(d), Invalid) for d in (first, later))
+    assert isinstance(store.verify(tmp_path / "step-000000000010"), Valid)
+    inj.undo()
+    assert all(isinstance(store.verify(d), Valid) for d in (first, later))
+
+
 def test_corrupt_bytes_is_exact() -> None:
     assert corrupt_bytes(b"abcd", "truncate") == (b"ab", 2)
     flipped, at = corrupt_bytes(b"abcd", "bitflip")

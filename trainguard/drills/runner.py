@@ -41,7 +41,7 @@ from trainguard.drills.cluster import ClusterJob, ClusterSite
 from trainguard.drills.evidence import EvidenceInput, evaluate
 from trainguard.drills.evidence.evaluate import Evaluation
 from trainguard.drills.evidence.model import Artifacts, Baseline
-from trainguard.drills.injectors.base import Acted, InjectionError, Injector
+from trainguard.drills.injectors.base import Acted, FollowsTrigger, InjectionError, Injector
 from trainguard.drills.injectors.build import Target, build
 from trainguard.drills.injectors.storage import LoopFs
 from trainguard.drills.job import NODE_LABEL, DrillJob
@@ -331,6 +331,9 @@ def _inject(live: _Live, run_id: str) -> None:
         live.rec.note(scenario.trigger, "start", trig.inject(),
                       {"trigger_for": scenario.fault.kind})
         live.injectors.append((scenario.trigger, trig))
+        if isinstance(inj, FollowsTrigger):
+            for again in inj.after_trigger():
+                live.rec.note(scenario.fault, "start", again, {"after_trigger": True})
     live.last_progress = (now_us(), 0)
 
 

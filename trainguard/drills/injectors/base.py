@@ -1,9 +1,10 @@
-"""The one Protocol every injector follows, and the value it returns when it acts."""
+"""The Protocol every injector follows (and the one a triggered fault adds), and the value
+it returns when it acts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from trainguard.events.clock import now_us
 from trainguard.events.payloads import FlatMap
@@ -32,3 +33,12 @@ class Injector(Protocol):
     def inject(self) -> Acted: ...
 
     def undo(self) -> Acted: ...
+
+
+@runtime_checkable
+class FollowsTrigger(Protocol):
+    """A fault that a trigger makes the loop read (``scenario.TRIGGERED_KINDS``) and that must
+    still hold once the trigger fired: ``after_trigger`` acts again as needed, each act an
+    ``Acted``."""
+
+    def after_trigger(self) -> list[Acted]: ...
