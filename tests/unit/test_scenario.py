@@ -148,6 +148,18 @@ def test_resolve_by_name_round_file_and_all(tmp_path: Path) -> None:
         resolve(["nope"])
 
 
+def test_a_scenario_named_twice_runs_once_and_two_under_one_name_are_refused(
+        tmp_path: Path) -> None:
+    """A run keeps one directory per scenario: a second run of one would overwrite the
+    first's evidence (``drill run r3-ckpt-corruption r3-ckpt-corruption`` did)."""
+    twice = resolve(["r3-ckpt-corruption", "round:3", "r3-ckpt-corruption"])
+    assert len(twice) == len({s.name for s in twice}) == len(resolve(["round:3"]))
+    p = tmp_path / "mine.yaml"
+    p.write_text(yaml.safe_dump({**GOOD, "name": "r1-worker-exit"}))
+    with pytest.raises(ScenarioError, match="two different scenarios have this name"):
+        resolve(["r1-worker-exit", str(p)])
+
+
 def test_a_trigger_is_only_for_checkpoint_corruption_and_only_a_worker_exit() -> None:
     s = resolve(["r3-ckpt-corruption"])[0]
     assert s.trigger is not None and s.trigger.kind == "worker_exit" and s.trigger.rank == 1

@@ -472,4 +472,17 @@ def resolve(names_or_paths: list[str]) -> list[Scenario]:
         else:
             raise ScenarioError("<args>", item, "name",
                                 f"not a built-in scenario ({', '.join(by_name)}) nor a file")
-    return out
+    return _once(out)
+
+
+def _once(scenarios: list[Scenario]) -> list[Scenario]:
+    """Each scenario once (``all r1-hang`` names r1-hang twice): a run keeps one directory per
+    scenario name, so a second run of it would overwrite the first's evidence. Two different
+    scenarios under one name cannot both run."""
+    out: dict[str, Scenario] = {}
+    for sc in scenarios:
+        seen = out.setdefault(sc.name, sc)
+        if seen != sc:
+            raise ScenarioError("<args>", sc.name, "name",
+                                "two different scenarios have this name; a run holds one")
+    return list(out.values())
