@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from trainguard.bus.consumer import Delivered
 from trainguard.bus.dlq import DeadLetter
+from trainguard.bus.errors import Fenced
 from trainguard.bus.protocol import Bus, EventSource, RawRecord, RecordSource
 from trainguard.events.codec import decode, make_event
 from trainguard.events.envelope import Event, Subject
@@ -374,6 +375,7 @@ class BusContract:
                     await reader.stop()
                 for d in got:
                     key = d.event.job_id.encode()
+                    assert a.partition(key) == b.partition(key) == d.partition
                     where[d.event.job_id] = (d.partition, a.holds(key), b.holds(key))
                 await b.stop()
                 await until(lambda: a.held() == every)
@@ -391,3 +393,30 @@ class BusContract:
             assert in_a == (partition in held_a) and in_b == (partition in held_b)
             assert in_a != in_b
         assert after == every  # a member that stops hands its partitions over
+
+    def test_a_fenced_producer_publishes_nothing_once_a_newer_one_has_its_id(
+            self, bus: Bus) -> None:
+        fence = f"{bus.names.prefix}-decide-p0"
+
+        async def go() -> tuple[list[str], list[str]]:
+            old = bus.fenced_producer(fence)
+            new = bus.fenced_producer(fence)
+            refused: list[str] = []
+            try:
+                await old.start()
+                await old.send(command_for("job-before"))
+                await new.start()  # fences ``old``
+                for job in ("job-fenced", "job-fenced-again"):
+                    try:
+                        await old.send(command_for(job))
+                    except Fenced:
+                        refused.append(job)
+                await new.send(command_for("job-after"))
+            finally:
+                await old.stop()
+                await new.stop()
+            return refused, sorted(e.job_id for e in await bus.read([TopicRole.COMMANDS]))
+
+        refused, on_topic = run(go())
+        assert refused == ["job-fenced", "job-fenced-again"]
+        assert on_topic == ["job-after", "job-before"]

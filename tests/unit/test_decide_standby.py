@@ -17,7 +17,7 @@ from tests import keys
 from trainguard.actuators import signing
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.policy import PolicyConfig
-from trainguard.bus.memory import MemoryBus
+from trainguard.bus.memory import MemoryBus, MemoryLease
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
@@ -162,3 +162,36 @@ def test_two_instances_split_the_jobs_and_each_job_gets_one_command() -> None:
     run(go())
     got = commands(bus)
     assert len(got) == 3 and len({c.idempotency_key for c in got}) == 3
+
+
+def test_an_instance_whose_session_expired_but_still_runs_is_fenced() -> None:
+    """The active instance paused (or cut off from the group) past its session: the group
+    gives its partitions to the standby while it, once it runs again, still believes it holds
+    them. The standby's fenced producers fence its own: its send is refused, it publishes
+    nothing more there (what it decided waits as a standby's decision) and does not take the
+    partition back while its stale lease still says it holds it."""
+    bus = MemoryBus()
+    job = job_on(bus, 0)
+
+    async def go() -> None:
+        old, new = Decider(bus, OPTS), Decider(bus, OPTS)
+        stops = [asyncio.Event(), asyncio.Event()]
+        tasks = [asyncio.create_task(old.run(stops[0]))]
+        assert await until(lambda: old.active(job))
+        tasks.append(asyncio.create_task(new.run(stops[1])))
+        assert await until(lambda: new.lease is not None and bool(new.lease.held()))
+        assert isinstance(old.lease, MemoryLease)
+        bus.expire(old.lease)  # ``old`` still runs and believes it holds its partitions
+        assert await until(lambda: new.active(job))
+        assert old.lease.held()  # the zombie's belief
+        await bus.publish(job_events(job))
+        assert await until(lambda: len(commands(bus)) >= 1 and bool(old.fenced_out))
+        await asyncio.sleep(0.3)  # many ticks: nothing more from either
+        assert not old.active(job) and old.fenced_out == {0}
+        for s in stops:
+            s.set()
+        await asyncio.gather(*tasks)
+
+    run(go())
+    (cmd,) = commands(bus)
+    assert cmd.action is CommandAction.MIGRATE

@@ -16,7 +16,10 @@ to its end, then publishes what it decided that is still pending and not on the 
 decision of the old instance is lost, and none is issued twice under another key. A command the
 old instance wrote in its last moments and the new one had not read yet is written again under
 the same event id and idempotency key: readers deduplicate it and the actuator acts on a key
-once.
+once. Each partition's commands go through a fenced producer (``Bus.fenced_producer``, id
+``<group>-p<partition>``) that the new holder starts before it reads the commands topic to its
+end: an old holder that still runs (paused past its session, then woken, its lease not yet
+told) is refused by the broker, so it cannot publish a decision made on a stale view.
 
 What it believes (``signing.Trust``): a command only when it verifies with decide's own public
 key, an outcome or pool event only when it verifies with a trusted actuator key. Anything else
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from trainguard.actuators import metrics, policy, signing
 from trainguard.actuators.policy import Decision, PolicyConfig, PolicyState
 from trainguard.bus.consumer import Delivered
+from trainguard.bus.errors import Fenced
 from trainguard.bus.protocol import Bus, EventSink, EventSource, Lease
 from trainguard.events.clock import now_us
 from trainguard.events.codec import make_event
@@ -68,6 +72,10 @@ class Decider:
         self.state = PolicyState()
         self.producer: EventSink | None = None  # made inside the running loop
         self.lease: Lease | None = None
+        # with a lease: partition -> the fenced producer its commands go through (started when
+        # this instance gained the partition; starting it fenced the old holder's)
+        self.fences: dict[int, EventSink] = {}
+        self.fenced_out: set[int] = set()  # fenced by a newer holder: not taken back while held
         # decided for a job another instance is active for: idempotency key -> decision,
         # until the command is read back from the topic (or this instance takes the job over)
         self.standing: dict[str, Decision] = {}
@@ -97,8 +105,44 @@ class Decider:
             return []
 
     def active(self, job_id: str) -> bool:
-        """Whether this instance publishes the commands of ``job_id`` (see the module's text)."""
-        return self.lease is None or self.lease.holds(job_id.encode())
+        """Whether this instance publishes the commands of ``job_id`` (see the module's text):
+        it holds their partition and its fenced producer there is started and not fenced."""
+        return self.lease is None or self._partition(job_id) in self.fences
+
+    def _partition(self, job_id: str) -> int | None:
+        assert self.lease is not None
+        p = self.lease.partition(job_id.encode())
+        return p if p is not None and p in self.lease.held() else None
+
+    async def _refence(self) -> bool:
+        """Fenced producers for the partitions held now, none for the others; True when one
+        was started (its old holder can publish nothing more there: read the commands topic
+        to its end, then take over). One that fails to start is tried again next tick."""
+        assert self.lease is not None
+        held = self.lease.held()
+        self.fenced_out &= held
+        for p in sorted(set(self.fences) - held):
+            await self._close_fence(p)
+        started = False
+        for p in sorted(held - set(self.fences) - self.fenced_out):
+            prod = self.bus.fenced_producer(f"{self.opts.group_id}-p{p}")
+            try:
+                await prod.start()
+            except Exception as exc:
+                log.error("decide: cannot start the fenced producer of partition %d (tried "
+                          "again): %s", p, exc)
+                continue
+            self.fences[p] = prod
+            started = True
+        return started
+
+    async def _close_fence(self, p: int) -> None:
+        prod = self.fences.pop(p, None)
+        if prod is not None:
+            try:
+                await prod.stop()
+            except Exception as exc:  # a fenced producer's client may fail to stop cleanly
+                log.debug("decide: stopping the fenced producer of partition %d: %s", p, exc)
 
     def _read_back(self, event: Event) -> None:
         if isinstance(event.payload, Command):
@@ -128,7 +172,17 @@ class Decider:
             event = make_event(cmd, event_id=derived_id("command", cmd.idempotency_key),
                                job_id=d.job_id, event_time=cmd.issued_at, source=SOURCE,
                                subject=d.subject)
-            await self._prod().send(event)
+            p = None if self.lease is None else self._partition(d.job_id)
+            try:
+                await (self._prod() if p is None else self.fences[p]).send(event)
+            except Fenced as exc:  # another instance holds the partition now
+                assert p is not None
+                log.error("decide: %s: partition %d is another instance's, %s waits as a "
+                          "standby's decision", exc, p, cmd.idempotency_key)
+                self.fenced_out.add(p)
+                await self._close_fence(p)
+                self.standing[d.command.idempotency_key] = d
+                continue
             metrics.COMMANDS.labels(cmd.action.value, str(cmd.tier)).inc()
             for vid in cmd.cause_verdict_ids:
                 if vid in cause_times:
@@ -167,22 +221,21 @@ class Decider:
             await self.publish(fresh, seen)
             log.warning("decide: caught up (%d open verdicts, %d pending commands)",
                         len(self.state.open), len(self.state.pending))
-            held = frozenset[int]()
             while not stop.is_set():
                 out = await self._fold(consumer, await consumer.poll(
                     timeout_ms=int(self.opts.tick_s * 1000)), seen)
-                if self.lease is not None and self.lease.held() != held:
-                    gained = self.lease.held() - held
-                    held = self.lease.held()
-                    if gained:  # the commands the old instance wrote, before deciding again
-                        out += await self._fold(consumer, await consumer.drain(
-                            idle_ms=200, limit_s=30), seen)
-                        out += self._take_over()
+                if self.lease is not None and await self._refence():
+                    # what the old holder committed before it was fenced, then take over
+                    out += await self._fold(consumer, await consumer.drain(
+                        idle_ms=200, limit_s=30), seen)
+                    out += self._take_over()
                 self.state, more = policy.tick(self.state, now_us(), self.opts.policy)
                 await self.publish(out + more, seen)
                 self._prune_standing()
         finally:
             await consumer.stop()
+            for p in sorted(self.fences):
+                await self._close_fence(p)
             if self.lease is not None:
                 await self.lease.stop()
             await self.producer.stop()

@@ -10,6 +10,8 @@ Besides the registry's topics:
 - the streams workers own everything named ``<prefix>-streams...``: faust's changelog and
   leader topics, its group and its transactional ids (exactly-once);
 - metrics may describe the groups named ``<prefix>-...`` (their lag is what it exports);
+- decide owns the transactional ids named ``<prefix>-decide...``: one fenced producer per
+  commands partition it holds as the active instance (``actuators/decider.py``);
 - the admin principal is a super user (topics, ACLs); it is no service's identity.
 """
 
@@ -97,6 +99,9 @@ def acl_bindings(prefix: str) -> tuple[AclBinding, ...]:
           Operation.DESCRIBE)
     allow(Service.METRICS, ResourceType.GROUP, f"{prefix}-", PatternType.PREFIXED,
           Operation.DESCRIBE)
+    fences = group_prefix(prefix, Service.DECIDE)  # decide's fenced producers (``--group-id``)
+    for op in (Operation.WRITE, Operation.DESCRIBE):
+        allow(Service.DECIDE, ResourceType.TRANSACTIONAL_ID, fences, PatternType.PREFIXED, op)
     return tuple(sorted(out))
 
 

@@ -11,7 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import Check, EventConsumer
 from trainguard.bus.lease import KafkaLease
-from trainguard.bus.producer import EventProducer
+from trainguard.bus.producer import EventProducer, FencedProducer
 from trainguard.bus.protocol import EventSink, EventSource, RawRecord
 from trainguard.events.envelope import Event
 from trainguard.events.topics import TopicNames, TopicRole
@@ -49,6 +49,9 @@ class KafkaBus:
 
     def lease(self, role: TopicRole, *, group_id: str, name: str) -> KafkaLease:
         return KafkaLease(self.config, self.names.name(role), group_id=group_id, name=name)
+
+    def fenced_producer(self, fence_id: str) -> FencedProducer:
+        return FencedProducer(self.config, self.names, fence_id)
 
 
 class KafkaRecordSource:

@@ -102,9 +102,9 @@ class KafkaLease:
         return self._held
 
     def holds(self, key: bytes) -> bool:
-        held = self._held
-        if not held:
-            return False
+        return bool(self._held) and self.partition(key) in self._held
+
+    def partition(self, key: bytes) -> int | None:
         if not self._partitions:  # known once the group gave this member partitions
             self._partitions = len(self._consumer.partitions_for_topic(self.topic) or ())
-        return self._partitions > 0 and key_partition(key, self._partitions) in held
+        return key_partition(key, self._partitions) if self._partitions else None

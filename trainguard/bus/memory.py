@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from trainguard.bus.consumer import DEDUPE_IDS, Check, ConsumerStats, Delivered, SeenIds
 from trainguard.bus.dlq import dead_letter, refusal
+from trainguard.bus.errors import Fenced
 from trainguard.bus.producer import stamp_ingest
 from trainguard.bus.protocol import EventSink, RawRecord
 from trainguard.events.clock import now_us
@@ -59,6 +60,7 @@ class MemoryBus:
         self.committed: dict[tuple[str, str, int], int] = {}  # (group, topic, partition)
         self._spread = itertools.count()  # records without a key go round the partitions
         self.groups: dict[tuple[str, str], list[MemoryLease]] = {}  # (group, topic): members
+        self.fences: dict[str, int] = {}  # fence id -> the epoch of its newest producer
 
     # --- the log ----------------------------------------------------------------------------
 
@@ -136,6 +138,9 @@ class MemoryBus:
     def lease(self, role: TopicRole, *, group_id: str, name: str) -> MemoryLease:
         return MemoryLease(self, self.names.name(role), group_id=group_id, name=name)
 
+    def fenced_producer(self, fence_id: str) -> MemoryFencedProducer:
+        return MemoryFencedProducer(self, fence_id)
+
     def expire(self, lease: MemoryLease) -> None:
         """The group's session of ``lease`` times out (its process was killed or paused): the
         others take its partitions over, while it, if it still runs, believes it holds them."""
@@ -178,6 +183,25 @@ class MemoryProducer:
 
     async def flush(self) -> None:
         return None
+
+
+class MemoryFencedProducer(MemoryProducer):
+    """``Bus.fenced_producer`` in memory: each start takes the fence id's next epoch; a send
+    from an older epoch raises ``Fenced`` and appends nothing."""
+
+    def __init__(self, bus: MemoryBus, fence_id: str) -> None:
+        super().__init__(bus)
+        self.fence_id = fence_id
+        self.epoch = 0
+
+    async def start(self) -> None:
+        self.epoch = self.bus.fences[self.fence_id] = self.bus.fences.get(self.fence_id, 0) + 1
+        await super().start()
+
+    def _append(self, topic: str, record: Record) -> RecordMetadata:
+        if self.bus.fences.get(self.fence_id) != self.epoch:
+            raise Fenced(f"{self.fence_id}: a newer producer took this fence id over")
+        return super()._append(topic, record)
 
 
 class MemoryConsumer:
@@ -397,4 +421,7 @@ class MemoryLease:
         return frozenset(p for p in range(len(self.bus.partitions(self.topic))) if p % n == me)
 
     def holds(self, key: bytes) -> bool:
-        return self.bus.partition_for(self.topic, key) in self.held()
+        return self.partition(key) in self.held()
+
+    def partition(self, key: bytes) -> int | None:
+        return self.bus.partition_for(self.topic, key)

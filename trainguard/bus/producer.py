@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import ProducerFenced
 
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.errors import Fenced
 from trainguard.events.clock import now_us
 from trainguard.events.codec import encode, partition_key
 from trainguard.events.envelope import Event
@@ -84,3 +88,42 @@ class EventProducer:
 
     async def flush(self) -> None:
         await self._producer.flush()
+
+
+class FencedProducer(EventProducer):
+    """``Bus.fenced_producer`` on Kafka: ``fence_id`` is the transactional id and each send is
+    one transaction. ``start`` registers the id with the transaction coordinator, which bumps
+    its epoch and so fences every producer started before with that id: the broker refuses
+    their next write (and aborts their open transaction), and this class turns that into
+    ``Fenced``, for that send and every later one."""
+
+    def __init__(self, config: KafkaConfig, names: TopicNames | None, fence_id: str) -> None:
+        super().__init__(config, names, transactional_id=fence_id)
+        self.fence_id = fence_id
+        self.fenced = False
+
+    async def send(self, event: Event) -> Any:
+        return await self._atomic(lambda: super(FencedProducer, self).enqueue(event))
+
+    async def enqueue(self, event: Event) -> Any:
+        """As ``send`` (the transaction is committed before it returns), for the Protocol."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_result(await self.send(event))
+        return fut
+
+    async def send_raw(self, topic: str, value: bytes, key: bytes | None = None) -> Any:
+        return await self._atomic(lambda: self._producer.send(topic, value=value, key=key))
+
+    async def _atomic(self, hand_over: Callable[[], Awaitable[Any]]) -> Any:
+        if self.fenced:
+            raise Fenced(f"{self.fence_id}: fenced by a newer producer")
+        fut: asyncio.Future[Any] | None = None
+        try:
+            async with self._producer.transaction():
+                fut = await hand_over()
+            return await fut  # resolved: the commit flushed it
+        except ProducerFenced:
+            self.fenced = True  # aiokafka's transaction state is fatal from here on
+            if fut is not None:  # its record failed the same way: said here, not at exit
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise Fenced(f"{self.fence_id}: fenced by a newer producer") from None

@@ -144,6 +144,11 @@ class Lease(Protocol):
         """Whether this member holds the partition a record with ``key`` goes to."""
         ...
 
+    def partition(self, key: bytes) -> int | None:
+        """The partition a record with ``key`` goes to (None while the topic's partition count
+        is unknown: before the member first held partitions)."""
+        ...
+
 
 @runtime_checkable
 class GroupLagSource(Protocol):
@@ -182,4 +187,12 @@ class Bus(Protocol):
 
     def lease(self, role: TopicRole, *, group_id: str, name: str) -> Lease:
         """Membership of ``group_id`` on the topic of ``role`` (see the module's text)."""
+        ...
+
+    def fenced_producer(self, fence_id: str) -> EventSink:
+        """A producer that publishes each event atomically under ``fence_id`` (on Kafka, a
+        transactional id). Starting one fences every producer started before it with the same
+        id: their sends raise ``bus.errors.Fenced`` from then on. The lease's new holder
+        starts one per partition it gained, so the old holder, if it still runs (paused, cut
+        off from the group), can no longer publish for those partitions."""
         ...
