@@ -24,6 +24,12 @@ that follows on the same thread), with ``wait()`` called at once, against a raw 
 fsync of the same bytes. Target: >= 0.8. Nothing else of the bench runs meanwhile (the
 ``state.pt`` manager's background prune is waited for first).
 
+And with ``stage_in_background`` (the staging copy overlaps the next step's forward and
+backward; that step's ``optimizer.step()`` waits for it): the stall is ``save()`` (the buffers'
+clone) plus that wait, measured around one real training step (``--batch`` rows through the
+model, forward, backward, AdamW step) right after the save, against the same sync dcp save.
+The step's own time is printed too: the overlap window is its forward and backward.
+
 The directory defaults to ``~/.cache/trainguard/bench-checkpoint`` (a durable file system:
 the point is the fsync); give ``--dir`` to measure another one.
 """
@@ -57,6 +63,12 @@ def _model(mib: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     model(torch.randn(4, 1024)).sum().backward()
     opt.step()
     return model, opt
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
 
 
 def _raw_write(path: Path, data: bytes) -> float:
@@ -101,6 +113,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--checksum", choices=("sha256", "crc32"), default=None,
                     help="the dcp saves' file checksum (default: the layout's, crc32)")
+    ap.add_argument("--batch", type=int, default=64,
+                    help="rows per training step after a background-staged save")
     ap.add_argument("--dir", type=Path,
                     default=Path.home() / ".cache" / "trainguard" / "bench-checkpoint")
     args = ap.parse_args()
@@ -120,7 +134,18 @@ def main() -> None:
     smgr = CheckpointManager(CheckpointConfig(root / "sckpt", keep=2, request_signal=None,
                                               layout=mf.LAYOUT_DCP, async_save=False,
                                               checksum=args.checksum), job_id="bench")
+    bmgr = CheckpointManager(CheckpointConfig(root / "bckpt", keep=2, request_signal=None,
+                                              layout=mf.LAYOUT_DCP, checksum=args.checksum,
+                                              stage_in_background=True), job_id="bench")
+    cmgr = CheckpointManager(CheckpointConfig(root / "cckpt", keep=2, request_signal=None,
+                                              layout=mf.LAYOUT_DCP, checksum=args.checksum),
+                             job_id="bench")
+    batch = torch.randn(args.batch, 1024)
     raw_path = root / "raw.bin"
+    bstalls: list[float] = []
+    steps: list[float] = []
+    alone: list[float] = []
+    asteps: list[float] = []
     ours: list[float] = []
     raw: list[float] = []
     stalls: list[float] = []
@@ -148,7 +173,25 @@ def main() -> None:
             assert avalid is not None
             commit_s = written.write_ms[-1] / 1000  # save() to the manifest committed
             asize, araw_s = _raw_of(avalid, raw_path)
+            b0 = time.perf_counter()
+            _train_step(model, opt, batch)  # no save in flight
+            alone_s = time.perf_counter() - b0
+            assert cmgr.save(run + 1, run + 1, model, opt) is None  # async, staged in save()
+            b0 = time.perf_counter()
+            _train_step(model, opt, batch)  # the write runs meanwhile
+            astep_s = time.perf_counter() - b0
+            assert cmgr.wait() is not None
+            b0 = time.perf_counter()
+            assert bmgr.save(run + 1, run + 1, model, opt) is None
+            bsave_s = time.perf_counter() - b0
+            _train_step(model, opt, batch)  # waits in step() for the staging copy
+            step_s = time.perf_counter() - b0 - bsave_s
+            assert bmgr.wait() is not None and bmgr.last_step_wait_ms is not None
             if run:
+                bstalls.append(bsave_s + bmgr.last_step_wait_ms / 1000)
+                steps.append(step_s)
+                alone.append(alone_s)
+                asteps.append(astep_s)
                 ours.append(took)
                 raw.append(raw_s)
                 stalls.append(t1 - t0)
@@ -157,6 +200,8 @@ def main() -> None:
                 araw.append(araw_s)
     finally:
         amgr.close()
+        bmgr.close()
+        cmgr.close()
         mgr.close()
         smgr.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -179,10 +224,20 @@ def main() -> None:
           f", max {max(dsync) * 1000:.1f})")
     print(f"  background write to commit     : {bg * 1000:8.1f} ms  {amib / bg:8.1f} MiB/s")
     print(f"  raw  (write + fsync, same bytes): {ar * 1000:8.1f} ms  {amib / ar:8.1f} MiB/s")
+    bs, step, lone, astep = (statistics.median(v) for v in (bstalls, steps, alone, asteps))
+    print(f"  background-staged: stall per save {bs * 1000:8.1f} ms (save() + the next step's "
+          f"wait; min {min(bstalls) * 1000:.1f}, max {max(bstalls) * 1000:.1f})")
+    print(f"  a training step (batch {args.batch}): {lone * 1000:.1f} ms with no save in "
+          f"flight; right after an async save {astep * 1000:.1f} ms, after a "
+          f"background-staged one {step * 1000:.1f} ms (its wait included): the write (and "
+          f"the copy) compete for the cores and the GIL")
     print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f} "
           f"({os.cpu_count()} CPUs)")
     print(f"stall ratio async/sync state.pt save: {st / o:.3f}")
     print(f"stall ratio async/sync dcp save: {st / ds:.3f} (target <= 0.10)")
+    print(f"stall ratio background-staged/sync dcp save: {bs / ds:.3f} (target <= 0.10)")
+    print(f"time lost per save, stall + the next step's slowdown, over the sync save: async "
+          f"{(st + astep - lone) / ds:.3f}, background-staged {(bs + step - lone) / ds:.3f}")
     print(f"background throughput / raw write+fsync: {ar / bg:.2f} (target >= 0.8)")
 
 if __name__ == "__main__":

@@ -51,6 +51,20 @@ a torn one. The directory must be shared by every rank (one file system).
   ``due()``, ``save()``, ``wait()`` or ``close()``. Verification at resume is shared: each
   rank checks every world_size-th file, and the ranks agree.
 
+  ``stage_in_background`` (opt-in, with ``async_save``): ``save()`` clones only the buffers
+  (BatchNorm statistics and the like: a forward pass changes them, DDP broadcasts them) and
+  returns; the parameters and the optimizer state are copied on the save's thread while the
+  next step's forward and backward read them, and a step pre-hook on the optimizer makes
+  ``optimizer.step()`` wait until the copy is done (``last_step_wait_ms``). It is for training
+  in which only ``optimizer.step()`` changes the parameters and the optimizer's state between
+  a save and the next step (no in-place edits of the weights in between). State with DTensors
+  (FSDP2) is staged in ``save()`` as without it. ``bench/bench_checkpoint.py`` prints the
+  stall (``save()`` plus the wait) against a synchronous save, and how much the step after a
+  save slows down: on the 2-core CPU development host the background write slows that step
+  by more than a synchronous save costs (both compete for the same cores and the GIL), so
+  there the training thread's stall is small but the time lost is not; with the step on a
+  GPU the cores are free for it.
+
 Resume: the ranks list the checkpoints, newest first; each verifies the candidate fully
 (manifest checksum, every file's size and checksum) and they agree (all ranks must find it
 valid); a corrupt one is reported (``corrupt``, with the reason) and the previous one is tried.
@@ -70,6 +84,7 @@ import signal
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -139,6 +154,12 @@ class CheckpointConfig:
     # format 1, readable by every older reader). Either finds a corrupt file; the manifest
     # names it, so both load.
     checksum: str | None = None
+    # dcp layout with async_save: the staging copy runs on the save's thread, overlapping the
+    # next step's forward and backward, and the optimizer's next step() waits for it (a step
+    # pre-hook): save() returns after cloning the buffers only. Only for training whose
+    # parameters and optimizer state change in optimizer.step() alone (no in-place edits of
+    # the weights between a save and the next step); see the module's text.
+    stage_in_background: bool = False
     # How errors name the settings (the CLI passes its flags).
     setting_names: tuple[str, str] = ("directory", "allow_tmp")
 
@@ -214,6 +235,11 @@ class CheckpointManager:
         self._stager: Any = None  # dcp layout: the staging buffers, reused save after save
         self.last_saved: Valid | None = None
         self.last_stall_ms: float | None = None  # the training thread's time in save()
+        # stage_in_background: the training thread's wait in the next optimizer step for the
+        # staging copy (0.0 when it was done by then); part of the save's stall
+        self.last_step_wait_ms: float | None = None
+        self._staged: threading.Event | None = None  # set once the save in flight is staged
+        self._hooks: dict[int, Any] = {}  # id(optimizer) -> its step pre-hook's handle
         self.requests: LocalRequests | SharedRequests | None
         if self.world_size == 1:
             self.requests = LocalRequests()
@@ -385,7 +411,7 @@ class CheckpointManager:
         crc = sharded.crc32(self.config.torch_crc32)
         crc.__enter__()  # until the background write is done (see sharded.crc32)
         try:
-            future = sharded.start_save(state, writer, group=side.group, stager=self._stager)
+            write = self._writer_of(state, writer, side, model, optimizer)
         except BaseException:
             crc.__exit__(None, None, None)
             raise
@@ -395,7 +421,7 @@ class CheckpointManager:
             self._background.active = True
             try:
                 try:
-                    future.result()
+                    write()
                 finally:
                     crc.__exit__(None, None, None)
                 job.result = self._finish_dcp(step, samples_consumed, body, writer.written(),
@@ -412,6 +438,45 @@ class CheckpointManager:
         job.thread.start()
         self.last_stall_ms = (time.perf_counter() - t0) * 1000
         return None
+
+    def _writer_of(self, state: dict[str, Any], writer: Any, side: Any,
+                   model: torch.nn.Module, optimizer: torch.optim.Optimizer
+                   ) -> Callable[[], object]:
+        """What the save's thread runs to write ``state``. Staged here (DCP's async save: the
+        copy is done before this returns), or with ``stage_in_background`` on that thread:
+        the buffers are cloned here, the parameters and the optimizer state are copied there
+        while the next forward and backward read them, and ``optimizer.step()`` waits until
+        the copy is done before it changes them."""
+        from trainguard_sdk.checkpoint import sharded
+
+        stager = self._stager
+        if not (self.config.stage_in_background and sharded.plain(state)):
+            future = sharded.start_save(state, writer, group=side.group, stager=stager)
+            return cast("Callable[[], object]", future.result)
+        state = sharded.cloned_except(state, sharded.changed_by_step_only(model, optimizer))
+        staged = self._staged = threading.Event()
+        self.last_step_wait_ms = 0.0
+        if id(optimizer) not in self._hooks:
+            self._hooks[id(optimizer)] = optimizer.register_step_pre_hook(self._before_step)
+
+        def write() -> None:
+            try:
+                snapshot = stager.stage(state)
+            finally:
+                staged.set()  # a failed copy must not hold the training thread
+            sharded.start_save(snapshot, writer, group=side.group, stager=None)
+        return write
+
+    def _before_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """The optimizer's step pre-hook: the parameters and its state change next, so the
+        staging copy of the save in flight must be done."""
+        staged = self._staged
+        if staged is None or staged.is_set():
+            return
+        t0 = time.perf_counter()
+        staged.wait()
+        self.last_step_wait_ms = (self.last_step_wait_ms or 0.0) + (
+            time.perf_counter() - t0) * 1000
 
     def _finish_dcp(self, step: int, samples_consumed: int, body: bytes,
                     files: dict[str, tuple[str, int, str]], side: Any,
@@ -482,6 +547,9 @@ class CheckpointManager:
             self.wait()
         finally:
             self.wait_prune()
+            for handle in self._hooks.values():  # stage_in_background's step pre-hooks
+                handle.remove()
+            self._hooks.clear()
 
     # -- resume --------------------------------------------------------------------------------
 

@@ -145,6 +145,37 @@ def _plain(obj: Any) -> bool:
     return not isinstance(obj, torch.Tensor) or type(obj) is torch.Tensor
 
 
+def plain(obj: Any) -> bool:
+    """Every tensor in ``obj`` a plain ``torch.Tensor`` (what background staging handles)."""
+    return _plain(obj)
+
+
+def changed_by_step_only(model: torch.nn.Module,
+                         optimizer: torch.optim.Optimizer) -> set[int]:
+    """The storages (``data_ptr``) of the tensors that only ``optimizer.step()`` changes: the
+    parameters and the optimizer's state. Buffers are not among them: a forward pass changes
+    them (BatchNorm's running statistics, DDP's broadcast of buffers)."""
+    ptrs = {p.data_ptr() for p in model.parameters()}
+    for per_param in optimizer.state.values():
+        ptrs.update(v.data_ptr() for v in per_param.values() if isinstance(v, torch.Tensor))
+    return ptrs
+
+
+@torch.no_grad()
+def cloned_except(obj: Any, keep: set[int]) -> Any:
+    """``obj`` with every tensor whose storage is not in ``keep`` cloned now (the buffers:
+    small, and changed by the next forward pass); the others stay the live tensors."""
+    if isinstance(obj, dict):
+        return {k: cloned_except(v, keep) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [cloned_except(v, keep) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(cloned_except(v, keep) for v in obj)
+    if isinstance(obj, torch.Tensor) and (obj.data_ptr() not in keep or not obj.numel()):
+        return obj.detach().clone()
+    return obj
+
+
 def _flat_bytes(t: torch.Tensor) -> bool:
     """A CPU tensor whose value is exactly its ``nbytes`` bytes from ``data_ptr()``."""
     return (t.device.type == "cpu" and t.layout == torch.strided and t.is_contiguous()
