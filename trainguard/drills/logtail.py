@@ -30,6 +30,7 @@ class LogTail(threading.Thread):
         self.cfg, self.job_id = cfg, job_id
         self._events: list[Event] = []
         self._lock = threading.Lock()
+        self._news = threading.Condition(self._lock)
         self._halt = threading.Event()
         self.error: str | None = None
 
@@ -50,20 +51,34 @@ class LogTail(threading.Thread):
                 except Exception:
                     await asyncio.sleep(0.5)  # the broker is away: try again
                     continue
-                mine = [d.event for d in batch if d.event.job_id == self.job_id]
-                if mine:
-                    with self._lock:
-                        self._events.extend(mine)
+                self.add([d.event for d in batch if d.event.job_id == self.job_id])
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(consumer.stop(), 10)
+
+    def add(self, events: list[Event]) -> None:
+        """Keep ``events`` (the follower's, or a test's) and wake whoever waits for news."""
+        if events:
+            with self._news:
+                self._events.extend(events)
+                self._news.notify_all()
 
     def events(self) -> list[Event]:
         with self._lock:
             return list(self._events)
 
+    def wait_for_news(self, seen: int, timeout_s: float) -> int:
+        """Block until more than ``seen`` events are kept, the tail stops, or ``timeout_s``
+        passed; the count kept now."""
+        with self._news:
+            self._news.wait_for(lambda: len(self._events) > seen or self._halt.is_set(),
+                                timeout_s)
+            return len(self._events)
+
     def stop(self) -> None:
         self._halt.set()
+        with self._news:
+            self._news.notify_all()
         self.join(timeout=20)
 
 

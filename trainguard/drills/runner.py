@@ -157,6 +157,9 @@ class Progress:
             sys.stdout.write("\n")
 
 
+# Once stable, a fixed grace: records in flight (the outcome of the last command, the
+# incident's closing transition) land before the settled-log wait starts counting quiet.
+LAST_EVENTS_GRACE_S = 6.0
 INCIDENTS_QUIET_S = 4.0  # twice the stack's incident idle flush (2 s)
 INCIDENTS_SETTLE_MAX_S = 45.0
 
@@ -184,11 +187,38 @@ def settled_log(read: Callable[[], list[Event]], quiet_s: float = INCIDENTS_QUIE
     return events
 
 
-def _wait(seconds: float, tick: Callable[[], None], step_s: float = 0.5) -> None:
+LOOK_MIN_S = 0.25  # looks at the log at most this often (each reads the whole job's view)
+LOOK_MAX_S = 1.0  # and at least this often: time-based stop conditions, crashed services
+
+
+class Looks:
+    """When the runner looks at the loop again: as soon as the tail brings events (at most
+    every ``LOOK_MIN_S``: a look recomputes the job's view from every event), and after
+    ``LOOK_MAX_S`` without any (a stop condition on time, a service to revive)."""
+
+    def __init__(self, tail: LogTail) -> None:
+        self.tail = tail
+        self.seen = 0
+        self.last = time.monotonic()
+
+    def next(self, until: float | None = None) -> None:
+        """Returns at the next look (never after ``until``, a ``time.monotonic()``)."""
+        cap = LOOK_MAX_S if until is None else max(0.0, min(LOOK_MAX_S,
+                                                           until - time.monotonic()))
+        rest = self.last + LOOK_MIN_S - time.monotonic()
+        if rest > 0:
+            time.sleep(min(rest, cap))
+        left = cap - max(0.0, rest)
+        if left > 0:
+            self.seen = self.tail.wait_for_news(self.seen, left)
+        self.last = time.monotonic()
+
+
+def _wait(seconds: float, tick: Callable[[], None], looks: Looks) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         tick()
-        time.sleep(min(step_s, max(0.0, end - time.monotonic())))
+        looks.next(until=end)
 
 
 @dataclass
@@ -359,7 +389,8 @@ def _check(live: _Live) -> None:
 def _observe(live: _Live) -> None:
     """Hold the fault for its duration, roll it back, then wait until the job is stable."""
     scenario = live.scenario
-    _wait(scenario.duration_s, lambda: _check(live))
+    looks = Looks(live.tail)
+    _wait(scenario.duration_s, lambda: _check(live), looks)
     if scenario.duration_s > 0:
         _undo(live.injectors, live.rec, "stop")
         live.undone = True
@@ -373,9 +404,9 @@ def _observe(live: _Live) -> None:
         if time.monotonic() > deadline:
             raise Aborted(f"timeout: not stable {scenario.observe.timeout_s:g} s "
                           "after the fault")
-        time.sleep(0.5)
+        looks.next()
     live.bar.show(scenario.name, "stable", "letting the last events land")
-    _wait(6.0, lambda: None)
+    time.sleep(LAST_EVENTS_GRACE_S)
 
 
 def _close_window(live: _Live) -> Artifacts | None:
@@ -447,6 +478,7 @@ def _preconditions(scenario: Scenario, job: DrillJob, tail: LogTail, bar: Progre
                    timeout_s: float = 240.0) -> None:
     pre = scenario.preconditions
     deadline = time.monotonic() + timeout_s
+    looks = Looks(tail)
     while True:
         missing = steady(view(tail.events()), job.world, pre.steady_steps, pre.checkpoints,
                          pre.spares)
@@ -455,7 +487,7 @@ def _preconditions(scenario: Scenario, job: DrillJob, tail: LogTail, bar: Progre
         if time.monotonic() > deadline:
             raise Aborted(f"preconditions not met in {timeout_s:.0f} s: {missing}")
         bar.show(scenario.name, "waiting for", missing)
-        time.sleep(0.5)
+        looks.next(until=deadline)
 
 
 def _remove_cgroups(job_id: str) -> None:
