@@ -60,6 +60,25 @@ class LaggingBus(MemoryBus):
         return c
 
 
+def published(bus: MemoryBus) -> list[bytes]:
+    return sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
+                  if e.type == "incident.transition")
+
+
+async def published_at_the_end(bus: MemoryBus, n: int, stop: asyncio.Event,
+                               task: asyncio.Task[ServiceStats]) -> list[bytes]:
+    """The transitions on the topic once ``n`` are there (or 20 s passed) and half a second
+    more has brought nothing else; the service stopped."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while len(published(bus)) < n and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # nothing more, nothing different
+    stop.set()
+    await task
+    return published(bus)
+
+
 def test_a_quiet_poll_with_a_topic_still_unread_does_not_flush() -> None:
     log = incident_log()
     expected = sorted(canonical(t) for t in rebuild(log, SETTINGS))
@@ -82,19 +101,7 @@ def test_a_quiet_poll_with_a_topic_still_unread_does_not_flush() -> None:
         await asyncio.sleep(1.5)  # quiet for far longer than the idle flush
         for c in bus.followers:
             c.lagging = None
-        deadline = loop.time() + 20
-        got: list[bytes] = []
-        while loop.time() < deadline:
-            got = sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
-                         if e.type == "incident.transition")
-            if len(got) >= len(expected):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # nothing more, nothing different
-        stop.set()
-        await task
-        return sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
-                      if e.type == "incident.transition"), stats
+        return await published_at_the_end(bus, len(expected), stop, task), stats
 
     got, stats = asyncio.run(asyncio.wait_for(go(), 60))
     assert stats.conflicts == 0
@@ -124,15 +131,7 @@ def test_a_reader_that_cannot_tell_still_flushes_after_the_longer_bound() -> Non
             await asyncio.sleep(0.01)
         for c in bus.followers:
             c.caught_up = broken  # type: ignore[method-assign]
-        got: list[bytes] = []
-        deadline = loop.time() + 20
-        while len(got) < len(expected) and loop.time() < deadline:
-            got = sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
-                         if e.type == "incident.transition")
-            await asyncio.sleep(0.05)
-        stop.set()
-        await task
-        return got
+        return await published_at_the_end(bus, len(expected), stop, task)
 
     assert asyncio.run(asyncio.wait_for(go(), 60)) == expected
 
@@ -172,19 +171,7 @@ def test_late_records_are_folded_only_once_every_topic_is_read() -> None:
         await asyncio.sleep(1.5)  # far longer than the idle flush, the commands unread
         for c in bus.followers:
             c.lagging = None
-        deadline = loop.time() + 20
-        got: list[bytes] = []
-        while loop.time() < deadline:
-            got = sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
-                         if e.type == "incident.transition")
-            if len(got) >= len(expected):
-                break
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)  # nothing more, nothing different
-        stop.set()
-        await task
-        return sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
-                      if e.type == "incident.transition"), stats
+        return await published_at_the_end(bus, len(expected), stop, task), stats
 
     got, stats = asyncio.run(asyncio.wait_for(go(), 60))
     assert stats.conflicts == 0
