@@ -23,7 +23,7 @@ from trainguard_sdk.checkpoint.store import CheckpointStore, Invalid, Valid
 
 from trainguard.drills.injectors.base import InjectionError
 from trainguard.drills.injectors.checkpoint import CorruptNewest, corrupt_bytes
-from trainguard.drills.injectors.cluster import ClusterPartition
+from trainguard.drills.injectors.cluster import ClusterPartition, HeadPartition
 from trainguard.drills.injectors.link import LinkDown, NftLoss, TbfThrottle, ToxiLatency
 from trainguard.drills.injectors.signals import Hang, NodeLoss, StopDuty, WorkerExit
 from trainguard.drills.injectors.slowdown import CgroupThrottle
@@ -300,6 +300,58 @@ def test_partition_drops_both_ways_silently_and_undo_lifts_it() -> None:
             lp.kill()
         subprocess.run(["ip", "link", "del", host], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_head_partition_cuts_the_head_off_and_leaves_the_nodes_talking() -> None:
+    # the dev Slurm cluster's shape: a bridge holding the head's address, two node namespaces
+    # on it, each through a veth whose eth0 end is inside
+    tag = os.getpid() % 100000
+    bridge, head = f"tghb{tag}", "10.251.8.1"
+    nodes = {f"n{i}": (f"tgh-{tag}-{i}", f"tghv{tag}{i}", f"10.251.8.{10 + i}")
+             for i in (1, 2)}
+    listeners: list[subprocess.Popen[str]] = []
+
+    def inside(node: str) -> list[str]:
+        return ["ip", "netns", "exec", nodes[node][0]]
+
+    try:
+        subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+        subprocess.run(["ip", "addr", "add", f"{head}/24", "dev", bridge], check=True)
+        subprocess.run(["ip", "link", "set", bridge, "up"], check=True)
+        for node, (ns, veth, addr) in nodes.items():
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            subprocess.run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0",
+                            "netns", ns], check=True)
+            subprocess.run(["ip", "link", "set", veth, "master", bridge, "up"], check=True)
+            subprocess.run([*inside(node), "ip", "addr", "add", f"{addr}/24", "dev", "eth0"],
+                           check=True)
+            subprocess.run([*inside(node), "ip", "link", "set", "eth0", "up"], check=True)
+        for prefix, addr in (([], head), (inside("n1"), nodes["n1"][2]),
+                             (inside("n2"), nodes["n2"][2])):
+            lp = subprocess.Popen([*prefix, sys.executable, "-c", LISTEN, addr],
+                                  stdout=subprocess.PIPE, text=True)
+            listeners.append(lp)
+            assert lp.stdout is not None and lp.stdout.readline().strip() == "ready"
+        to_head = [(inside(n), head) for n in nodes]
+        from_head: list[tuple[list[str], str]] = [([], nodes[n][2]) for n in nodes]
+        between = [(inside("n1"), nodes["n2"][2]), (inside("n2"), nodes["n1"][2])]
+        every = to_head + from_head + between
+        assert [_probe(p, a) for p, a in every] == ["ok"] * 6
+        part = HeadPartition(bridge, head, {n: ns for n, (ns, _, _) in nodes.items()})
+        acted = part.inject()
+        assert acted.params["nodes"] == "n1,n2"
+        cut = [_probe(p, a) for p, a in to_head + from_head]
+        assert all(c.startswith(("TimeoutError", "timeout")) for c in cut), cut  # silently
+        assert [_probe(p, a) for p, a in between] == ["ok", "ok"]  # the nodes still talk
+        assert part.undo().params["tables"] == 3
+        assert [_probe(p, a) for p, a in every] == ["ok"] * 6
+    finally:
+        for lp in listeners:
+            lp.kill()
+        for ns, veth, _ in nodes.values():
+            subprocess.run(["ip", "link", "del", veth], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 @pytest.mark.timeout(300)

@@ -95,6 +95,9 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
     # a node of the Slurm cluster cut off the network (nftables drops everything to and from
     # it) with everything on it left running; lifted at the end
     "cluster_partition": FaultKind("node", {}, (), ("remove_fault",), held=True),
+    # the head (broker, slurmctld, the loop) cut off from every node of the Slurm cluster,
+    # the nodes still reaching each other; lifted at the end
+    "cluster_head_partition": FaultKind("none", {}, (), ("remove_fault",), held=True),
     # the broker stopped (or killed), then a node of the Slurm cluster lost while it is away;
     # the broker started again at the end of the hold, the node stays lost
     "cluster_node_loss_in_broker_outage": FaultKind("node", {"mode": ("stop", "kill")},
@@ -106,7 +109,8 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
 # ranks launched as steps by the slurm backend). Faults that need the cluster:
 STACKS: Final = ("local", "slurm")
 CLUSTER_ONLY: Final = frozenset({"cluster_node_loss", "cluster_partition",
-                                  "cluster_node_loss_in_broker_outage"})
+                                  "cluster_node_loss_in_broker_outage",
+                                  "cluster_head_partition"})
 # ... and of those, the ones that take a node out of service: the evidence checks nothing is
 # bound there again
 NODE_LOST: Final = frozenset({"node_loss", "cluster_node_loss", "cluster_partition",

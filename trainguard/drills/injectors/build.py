@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainguard.dev import slurm
 from trainguard.dev.kafka import KafkaBroker
 from trainguard.drills.injectors import (
     broker,
@@ -62,6 +63,12 @@ def build(fault: Fault, target: Target, rollback: str = "none") -> Injector:
         assert fault.node is not None
         ranks = target.node_ranks(fault.node)
         return signals.NodeLoss(target.pids(ranks), str(p["signal"]), fault.node)
+    if fault.kind == "cluster_head_partition":
+        if not target.cluster_nodes:
+            raise InjectionError("cluster_head_partition: the drill has no Slurm cluster")
+        return cluster.HeadPartition(
+            slurm.BRIDGE, slurm.HEAD_ADDR,
+            {node: netns for node, (netns, _) in target.cluster_nodes.items()})
     if fault.kind in CLUSTER_ONLY:
         assert fault.node is not None
         if target.cluster_nodes is None or fault.node not in target.cluster_nodes:

@@ -12,6 +12,12 @@ receives). Silent loss both ways, as on a wire: no sender learns of it from its 
 (an ``output`` drop would fail its sends at once with EPERM). ``undo`` deletes both tables: the
 node is heard again, and Slurm tells its slurmd to end what it no longer lists.
 
+``HeadPartition``: the head (the broker, slurmctld, the loop's services, the ranks' ``srun``)
+cut off from every node while the nodes still reach each other (the head's uplink lost): a
+``netdev`` ingress chain on the bridge device drops every frame the bridge passes up to the
+head (the frames it forwards between nodes never pass there), and one on each node's ``eth0``
+drops what comes from the head's address. Silent both ways; ``undo`` deletes every table.
+
 ``InOutage``: a fault injected while the broker is away (a node lost during a control-plane
 outage)."""
 
@@ -58,9 +64,10 @@ def _nft(prefix: Sequence[str], script: str, what: str) -> None:
         raise InjectionError(f"{what}: nft: {done.stderr.strip()}")
 
 
-def drop_all(device: str) -> str:
-    """An nft script: a ``netdev`` table whose ingress chain on ``device`` drops everything."""
-    return (f"table netdev {partition_table(device)} {{\n"
+def drop_all(device: str, table: str | None = None) -> str:
+    """An nft script: a ``netdev`` table (``partition_table(device)`` unless named) whose
+    ingress chain on ``device`` drops everything."""
+    return (f"table netdev {table or partition_table(device)} {{\n"
             f"  chain in {{ type filter hook ingress device \"{device}\" priority 0; "
             f"policy drop; }}\n}}\n")
 
@@ -89,6 +96,53 @@ class ClusterPartition:
         if errors:
             raise InjectionError(f"node {self.node}: partition not lifted: {'; '.join(errors)}")
         return Acted.now(node=self.node, undo="partition lifted")
+
+
+HEAD_TABLE = "tg_head_partition"
+
+
+def drop_from(device: str, address: str) -> str:
+    """An nft script: a ``netdev`` table whose ingress chain on ``device`` drops what comes
+    from ``address`` (everything else passes)."""
+    return (f"table netdev {HEAD_TABLE} {{\n"
+            f"  chain in {{ type filter hook ingress device \"{device}\" priority 0; "
+            f"policy accept; ip saddr {address} drop; }}\n}}\n")
+
+
+class HeadPartition:
+    def __init__(self, bridge: str, head_address: str, nodes: dict[str, str]) -> None:
+        """``nodes``: node name -> its network namespace."""
+        self.bridge, self.head_address, self.nodes = bridge, head_address, dict(nodes)
+        self.sides: list[tuple[tuple[str, ...], str]] = []  # (command prefix, what) in place
+
+    def inject(self) -> Acted:
+        try:
+            _nft((), drop_all(self.bridge, HEAD_TABLE), f"head partition: {self.bridge}")
+            self.sides.append(((), self.bridge))
+            for node, netns in sorted(self.nodes.items()):
+                prefix = ("ip", "netns", "exec", netns)
+                _nft(prefix, drop_from("eth0", self.head_address),
+                     f"head partition: node {node}")
+                self.sides.append((prefix, node))
+        except InjectionError:
+            self.undo()
+            raise
+        return Acted.now(head=self.head_address, bridge=self.bridge,
+                         nodes=",".join(sorted(self.nodes)),
+                         partition="the head cut off from every node; nodes reach each other")
+
+    def undo(self) -> Acted:
+        errors = []
+        for prefix, what in self.sides:
+            done = subprocess.run([*prefix, "nft", "delete", "table", "netdev", HEAD_TABLE],
+                                  capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                errors.append(f"{what}: {done.stderr.strip()}")
+        lifted = len(self.sides)
+        self.sides = []
+        if errors:
+            raise InjectionError(f"head partition not lifted: {'; '.join(errors)}")
+        return Acted.now(undo="head partition lifted", tables=lifted)
 
 
 class InOutage:
