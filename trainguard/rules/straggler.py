@@ -40,8 +40,10 @@ offset. The reasoning behind every threshold is in docs/rules.md ("Straggler").
   below ``burst_alpha`` at its own rate (binomial tail). Bursts by design stay silent.
 
 An open verdict follows the rank: it resolves after ``resolve_windows`` steps whose median over
-the last ``n`` steps is within ``resolve_ratio`` of the reference it was flagged against (and at
-most ``burst_resolve_max`` bursts left in the span); a further worsening by ``worsen_ratio``
+the last ``n`` steps is within ``resolve_ratio`` of the reference it was flagged against, or is
+no longer slow the way an over-step must be (not slower than its peers, or less than
+``min_excess_ms`` above what the reference predicts), with at most ``burst_resolve_max``
+bursts left in the span; a further worsening by ``worsen_ratio``
 beyond the worst effect seen while open (after a settling span of ``burst_steps`` steps)
 resolves it and opens a new one, so a later real regression is never hidden behind an earlier
 verdict.
@@ -586,7 +588,8 @@ class StragglerRule(RuleBase):
             st.effect = effect
             return out + self._open(key, rank, st, OWN_NORMAL, step, time, stage, step, time,
                                     ranks)
-        back = effect < math.log(q.resolve_ratio) and st.bursts <= q.burst_resolve_max
+        back = st.bursts <= q.burst_resolve_max and (
+            effect < math.log(q.resolve_ratio) or not _still_over(st, q.n, q.min_excess_ms))
         st.calm = st.calm + 1 if back else 0
         if st.calm < q.resolve_windows:
             return []
@@ -608,6 +611,19 @@ class StragglerRule(RuleBase):
                 "bursts": st.bursts, "burst_steps": self.q.burst_steps,
                 "peers": ranks - 1, "pp_stage": stage, "step": step,
                 **({"reference": "other_stages", "stages": self._stages} if self._stages else {})}
+
+
+def _still_over(st: RankState, n: int, min_excess_ms: float) -> bool:
+    """Whether the last n steps are still slow in the sense a step must be to count as over at
+    all: slower than its peers (median log-ratio above 0) and ``min_excess_ms`` above what the
+    reference predicts (median excess). A rank that is back at its peers' speed, or within a
+    few ms of its reference, is back whatever its ratio to a reference learned a little fast
+    (a 2026-12-06 drill: rank 1 learned 0.77 of its peers from 20 noisy sub-ms steps, and once
+    its quota was raised, its 1.0 read as 1.3 times its normal and never resolved)."""
+    recent = st.hist[-n:]
+    scale = math.exp(st.ref)
+    return (median([r.lr for r in recent]) > 0.0
+            and median([r.ms - r.peer * scale for r in recent]) >= min_excess_ms)
 
 
 def _recent_effect(st: RankState, ref: float, n: int) -> float:
