@@ -217,6 +217,18 @@ def test_other_jobs_events_are_ignored() -> None:
     assert evaluate(EvidenceInput(JOB, events + moved, EXPECT, 1e-3, 10, b, a)) == base
 
 
+def test_a_record_delivered_twice_counts_once() -> None:
+    """At-least-once delivery: an agent cut off before its send's ack sends the record again
+    from its spool (the head-partition drill logged two step reports twice, and the evidence
+    called the same step "reported twice by one process": unexplained, retest)."""
+    events, b, a = synth_drill(Knobs())
+    twice = [e for e in events if e.type == "step.report"][10:14]
+    base = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, a))
+    again = evaluate(EvidenceInput(JOB, events + twice, EXPECT, 1e-3, 10, b, a))
+    assert base.conclusion is Conclusion.RECOVERED_AUTOMATICALLY
+    assert again == base
+
+
 def test_a_rank_bound_again_on_the_lost_node_is_not_recovered() -> None:
     events, b, a = synth_drill(Knobs())
     ok = evaluate(EvidenceInput(JOB, events, EXPECT, 1e-3, 10, b, a, lost_node="elsewhere"))

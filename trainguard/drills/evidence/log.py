@@ -126,11 +126,16 @@ class JobLog:
 
 
 def index(events: Sequence[Event], job_id: str) -> JobLog:
-    """One job's events, by kind, in event-time order."""
+    """One job's events, by kind, in event-time order, each event id once: delivery is at
+    least once (an agent whose send was cut off before its ack sends it again from its spool:
+    the 2026-12-06 head-partition drill logged two step reports twice), and every reader
+    deduplicates by event id."""
     log = JobLog(job_id)
+    seen: set[str] = set()
     for e in sorted(events, key=lambda e: (e.event_time, e.event_id)):
-        if e.job_id != job_id:
+        if e.job_id != job_id or e.event_id in seen:
             continue
+        seen.add(e.event_id)
         p = e.payload
         if isinstance(p, StepReport):
             log.steps.append(Step(e.event_id, e.event_time, p.rank, p.binding_epoch, p.step,
