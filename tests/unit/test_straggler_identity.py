@@ -29,8 +29,11 @@ from trainguard.rules.synth import job_steps
 pytestmark = pytest.mark.unit
 RULES = load_default_rules()
 # the levels the rule had before ``min_effect``: with none below it, that gate never acts
+# and without ``resolve_excess_ms`` (2026-12-06: a verdict also resolves once the rank is back at
+# its peers' speed or within a few ms of its reference; the copy knows only resolve_ratio)
 STRAGGLER = RuleSet(tuple(dataclasses.replace(r, params={**r.params,
-                                                         "effect_levels": [1.15, 1.3, 1.6, 2.0]})
+                                                         "effect_levels": [1.15, 1.3, 1.6, 2.0],
+                                                         "resolve_excess_ms": 0.0})
                           for r in RULES.rules if r.kind == "straggler"),
                     RULES.allowed_lateness_us)
 
@@ -91,4 +94,6 @@ def test_generated_jobs_give_the_same_bytes(ranks: int, stages: int, noise: floa
     events = list(job_steps("j", ranks, 160, noise=noise, seed=seed, slow=slow,
                             stages=stages))
     new, old = both(events, dataclasses.replace(STRAGGLER))
-    assert new == old
+    # since 2026-12-06 the own rates are learned by the judged steps' own test (the excess in
+    # ms too): the evidence's rates and statistic may differ, the verdicts' steps may not
+    assert [when(b) for b in new] == [when(b) for b in old]

@@ -182,6 +182,20 @@ def _throttle_irregular() -> list[Event]:
     return generate("throttle-irregular", 6, 200, speed, noise=0.1, seed=113, base_ms=1.0)
 
 
+def _throttle_jittery() -> list[Event]:
+    """The dev Slurm cluster's job: sub-millisecond steps in which the scheduler makes one step
+    in four a few times slower on every rank (0.8 -> 2-3 ms, never 10 ms over), then from step 60
+    rank 1 stalls ~100 ms one step in six (its quota). The jitter is no burst when judged (under
+    ``burst_min_excess_ms``), so it must not count as one while the normal is learned either:
+    counted by the ratio alone it gave a learned burst rate of 0.1-0.2 and the stalls read as
+    normal (the 2026-12-06 slurm-straggler-node runs drew no verdict)."""
+    def speed(rank: int, step: int, rng: random.Random) -> float:
+        if rank == 1 and step >= 60 and rng.random() < 1 / 6:
+            return 120.0
+        return rng.uniform(2.5, 4.0) if rng.random() < 1 / 4 else 1.0
+    return generate("throttle-jittery", 4, 240, speed, noise=0.1, seed=117, base_ms=0.8)
+
+
 def _big() -> list[Event]:
     """dp x pp x tp = 64 x 4 x 8 = 2,048 ranks (4 stages of 512): rank 1500 runs 2x from step 40."""
     def speed(rank: int, step: int, rng: random.Random) -> float:
@@ -308,6 +322,8 @@ def _synthetic_cases() -> list[Case]:
              note="2% CPU quota: rank 2 stalls 100x one step in 5 from 60"),
         Case("throttle-irregular", _throttle_irregular, (Expect("straggler", 2, 30, 54, 30),),
              note="2% CPU quota as the drill stalled rank 2: irregular, from 30"),
+        Case("throttle-jittery", _throttle_jittery, (Expect("straggler", 1, 60, 240, 60),),
+             note="sub-ms steps, jitter 3x on all ranks 1 in 4; rank 1 stalls 1 in 6 from 60"),
         Case("big-2048", _big, (Expect("straggler", 1500, 38, 46, 40),),
              note="dp64 x pp4 x tp8; rank 1500 2x from 40"),
         Case("huge-16384", _huge, (Expect("straggler", 12345, 22, 28, 24),),

@@ -103,6 +103,9 @@ PARAMS: dict[str, tuple[Param, ...]] = {
         Param("resolve_ratio", NUM, 1.05, ge(1),
               "resolve once the median of the last n steps is within this of the reference ..."),
         Param("resolve_windows", int, 5, ge(1), "... for this many consecutive steps"),
+        Param("resolve_excess_ms", NUM, 2.5, ge(0),
+              "... or once that median is no slower than its peers, or less than this many ms "
+              "above what the reference predicts (hysteresis: half of min_excess_ms; 0: off)"),
         Param("worsen_ratio", NUM, 1.5, gt(1),
               "an open verdict whose effect grows by this factor is resolved and reopened"),
         Param("burst_ratio", NUM, 2.0, gt(1),

@@ -42,7 +42,7 @@ offset. The reasoning behind every threshold is in docs/rules.md ("Straggler").
 An open verdict follows the rank: it resolves after ``resolve_windows`` steps whose median over
 the last ``n`` steps is within ``resolve_ratio`` of the reference it was flagged against, or is
 no longer slow the way an over-step must be (not slower than its peers, or less than
-``min_excess_ms`` above what the reference predicts), with at most ``burst_resolve_max``
+``resolve_excess_ms`` above what the reference predicts), with at most ``burst_resolve_max``
 bursts left in the span; a further worsening by ``worsen_ratio``
 beyond the worst effect seen while open (after a settling span of ``burst_steps`` steps)
 resolves it and opens a new one, so a later real regression is never hidden behind an earlier
@@ -156,6 +156,7 @@ class Params:
     min_sigma: float
     resolve_ratio: float
     resolve_windows: int
+    resolve_excess_ms: float
     worsen_ratio: float
     burst_ratio: float
     burst_min_excess_ms: float
@@ -393,9 +394,9 @@ class StragglerRule(RuleBase):
             lr = math.log(value / peer)
             if not st.learned:
                 st.learn.append(lr)
+                self._push(st, StepRow(lr, value, peer, -1.0, step, time, 0.0, 0.0), False)
                 if len(st.learn) >= q.baseline_steps:
                     self._learned(st)
-                self._push(st, StepRow(lr, value, peer, -1.0, step, time, 0.0, 0.0), False)
                 continue
             expected = peer * math.exp(st.normal)
             # the normal rests on `seen` noisy steps: a step is over a level only by more than
@@ -469,14 +470,27 @@ class StragglerRule(RuleBase):
 
     def _learned(self, st: RankState) -> None:
         """The learning steps are done: the normal is their median, the own rates of over-steps
-        (per level) and of bursts their shares in them."""
+        (per level) and of bursts their shares in them, each step counted by the very test a
+        judged step must pass (slower than its peers and ``min_excess_ms`` above what the
+        normal predicts; a burst also ``burst_min_excess_ms`` above it). Counting by the ratio
+        alone made scheduling jitter on sub-millisecond steps (0.8 -> 3 ms) a burst while
+        learning and never after: a rank learned a burst rate of 0.2 and its real stalls read as
+        normal for it (the 2026-12-06 slurm-straggler-node runs drew no verdict)."""
+        q = self.q
         st.normal = median(st.learn)
         devs = [x - st.normal for x in st.learn]
         n = len(devs)
         st.spread = sum(abs(d) for d in devs) / n
-        st.over_rates = [sum(1 for d in devs if d > lv) / n for lv in self.levels]
-        burst = math.log(self.q.burst_ratio)
-        st.burst_rate = sum(1 for d in devs if d >= burst) / n
+        rows = [r for r in st.hist if not r.judged][-n:]  # the learning steps, as pushed
+        scale = math.exp(st.normal)
+        excess = [r.ms - r.peer * scale for r in rows]
+        over = [r.lr - st.normal if r.lr > 0.0 and x >= q.min_excess_ms else -math.inf
+                for r, x in zip(rows, excess, strict=True)]
+        m = max(len(rows), 1)  # all n unless burst_steps < baseline_steps
+        st.over_rates = [sum(1 for d in over if d > lv) / m for lv in self.levels]
+        st.burst_rate = sum(1 for r, x in zip(rows, excess, strict=True)
+                            if r.ms >= q.burst_ratio * r.peer * scale
+                            and x >= q.burst_min_excess_ms) / m
         st.seen = min(n, self.q.normal_memory_steps)
         st.learned = True
         st.learn = []
@@ -589,7 +603,7 @@ class StragglerRule(RuleBase):
             return out + self._open(key, rank, st, OWN_NORMAL, step, time, stage, step, time,
                                     ranks)
         back = st.bursts <= q.burst_resolve_max and (
-            effect < math.log(q.resolve_ratio) or not _still_over(st, q.n, q.min_excess_ms))
+            effect < math.log(q.resolve_ratio) or not _still_over(st, q.n, q.resolve_excess_ms))
         st.calm = st.calm + 1 if back else 0
         if st.calm < q.resolve_windows:
             return []
@@ -613,17 +627,20 @@ class StragglerRule(RuleBase):
                 **({"reference": "other_stages", "stages": self._stages} if self._stages else {})}
 
 
-def _still_over(st: RankState, n: int, min_excess_ms: float) -> bool:
+def _still_over(st: RankState, n: int, excess_ms: float) -> bool:
     """Whether the last n steps are still slow in the sense a step must be to count as over at
-    all: slower than its peers (median log-ratio above 0) and ``min_excess_ms`` above what the
-    reference predicts (median excess). A rank that is back at its peers' speed, or within a
-    few ms of its reference, is back whatever its ratio to a reference learned a little fast
-    (a 2026-12-06 drill: rank 1 learned 0.77 of its peers from 20 noisy sub-ms steps, and once
-    its quota was raised, its 1.0 read as 1.3 times its normal and never resolved)."""
+    all, with hysteresis: slower than its peers (median log-ratio above 0) and ``excess_ms``
+    (``resolve_excess_ms``, half of ``min_excess_ms`` by default) above what the reference
+    predicts (median excess). A rank back at its peers' speed, or within a few ms of its
+    reference, is back whatever its ratio to a reference learned a little fast (a 2026-12-06
+    drill: rank 1 learned 0.77 of its peers from ten noisy sub-ms steps, and once its quota was
+    raised, its 1.0 read as 1.3 times its normal and never resolved). ``excess_ms`` 0: off."""
+    if excess_ms <= 0.0:
+        return True
     recent = st.hist[-n:]
     scale = math.exp(st.ref)
     return (median([r.lr for r in recent]) > 0.0
-            and median([r.ms - r.peer * scale for r in recent]) >= min_excess_ms)
+            and median([r.ms - r.peer * scale for r in recent]) >= excess_ms)
 
 
 def _recent_effect(st: RankState, ref: float, n: int) -> float:
