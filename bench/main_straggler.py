@@ -1,5 +1,8 @@
 """The straggler rule as it was on main before the replay-rate work of issue 14 (a verbatim copy
-of trainguard/rules/straggler.py at 8d42978), kept for the side-by-side in bench.bench_rules.
+of trainguard/rules/straggler.py at 8d42978), kept for the side-by-side in bench.bench_rules,
+with one later behaviour change applied as in the rule (2026-12-06: the learning steps count as
+over or burst by the judged steps' own test), so tests/unit/test_straggler_identity.py still
+compares the refactor alone.
 
 Original doc: Straggler: a rank persistently slower than its peers and than its own normal.
 
@@ -269,9 +272,9 @@ class MainStragglerRule(RuleBase):
             lr = math.log(value / peer)
             if not st.learned:
                 st.learn.append(lr)
+                self._push(st, [lr, value, peer, -1.0, step, time, 0.0, 0.0], False)
                 if len(st.learn) >= q.baseline_steps:
                     self._learned(st)
-                self._push(st, [lr, value, peer, -1.0, step, time, 0.0, 0.0], False)
                 continue
             expected = peer * math.exp(st.normal)
             # the normal rests on `seen` noisy steps: a step is over a level only by more than
@@ -328,13 +331,22 @@ class MainStragglerRule(RuleBase):
     def _learned(self, st: RankState) -> None:
         """The learning steps are done: the normal is their median, the own rates of over-steps
         (per level) and of bursts their shares in them."""
+        q = self.q
         st.normal = median(st.learn)
         devs = [x - st.normal for x in st.learn]
         n = len(devs)
         st.spread = sum(abs(d) for d in devs) / n
-        st.over_rates = [sum(1 for d in devs if d > lv) / n for lv in self.levels]
-        burst = math.log(self.q.burst_ratio)
-        st.burst_rate = sum(1 for d in devs if d >= burst) / n
+        # since 2026-12-06 (applied here too, as in the rule): counted by the judged steps' test
+        rows = [r for r in st.hist if not r[JUDGED]][-n:]
+        scale = math.exp(st.normal)
+        excess = [r[MS] - r[PEER] * scale for r in rows]
+        over = [r[L] - st.normal if r[L] > 0.0 and x >= q.min_excess_ms else -math.inf
+                for r, x in zip(rows, excess, strict=True)]
+        m = max(len(rows), 1)
+        st.over_rates = [sum(1 for d in over if d > lv) / m for lv in self.levels]
+        st.burst_rate = sum(1 for r, x in zip(rows, excess, strict=True)
+                            if r[MS] >= q.burst_ratio * r[PEER] * scale
+                            and x >= q.burst_min_excess_ms) / m
         st.seen = min(n, self.q.normal_memory_steps)
         st.learned = True
         st.learn = []

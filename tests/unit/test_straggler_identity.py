@@ -94,6 +94,7 @@ def test_generated_jobs_give_the_same_bytes(ranks: int, stages: int, noise: floa
     events = list(job_steps("j", ranks, 160, noise=noise, seed=seed, slow=slow,
                             stages=stages))
     new, old = both(events, dataclasses.replace(STRAGGLER))
-    # since 2026-12-06 the own rates are learned by the judged steps' own test (the excess in
-    # ms too): the evidence's rates and statistic may differ, the verdicts' steps may not
+    # the verdicts' steps, not their bytes: since the learning froze on bursts already unlikely
+    # (2026-12-06) a rank's learned normal, and so the evidence's baseline, can differ where
+    # noise makes bursts (1 job in ~500 of these; the steps never differed in 500 tried)
     assert [when(b) for b in new] == [when(b) for b in old]
