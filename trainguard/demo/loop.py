@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
 from trainguard.bus.producer import EventProducer
 from trainguard.dev.kafka import free_port
+from trainguard.drills.logtail import LogTail
 from trainguard.events.clock import now_us, to_iso
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
@@ -95,8 +97,34 @@ def run_demo(cfg: KafkaConfig, say: Say = print, seconds: float = 14.0) -> DemoR
     return run
 
 
+# Faults wait until every rank made this many steps: the rules' warm-up and learning of each
+# rank's normal (20 steps) are done. A throttle that begins while a normal is learned is
+# learned as normal (docs/rules.md); on a cold start (a fresh clone's first imports) the ranks
+# can take seconds to step, and a CI run's demo saw its throttle draw no verdict.
+STEADY_STEPS = 30
+
+
+def _wait_steady(cfg: KafkaConfig, say: Say, limit_s: float = 60.0) -> None:
+    tail = LogTail(cfg, JOB)
+    tail.start()
+    try:
+        deadline = time.monotonic() + limit_s
+        seen = 0
+        while time.monotonic() < deadline:
+            counts = Counter(e.payload.rank for e in tail.events()
+                             if isinstance(e.payload, StepReport))
+            if len(counts) >= WORLD and min(counts.values()) >= STEADY_STEPS:
+                return
+            seen = tail.wait_for_news(seen, 1.0)
+        say(f"[demo] not every rank made {STEADY_STEPS} steps in {limit_s:.0f} s: "
+            "injecting anyway")
+    finally:
+        tail.stop()
+
+
 def _inject_faults(cfg: KafkaConfig, ranks: list[subprocess.Popen[bytes]], run: DemoRun,
                    say: Say, seconds: float) -> None:
+    _wait_steady(cfg, say)
     time.sleep(seconds * 0.3)
     group = None
     try:
