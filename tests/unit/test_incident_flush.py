@@ -16,6 +16,7 @@ import pytest
 from trainguard.bus.consumer import Check
 from trainguard.bus.memory import MemoryBus, MemoryConsumer, Record
 from trainguard.bus.protocol import EventSink
+from trainguard.events.envelope import Event
 from trainguard.events.topics import TopicRole
 from trainguard.incidents import IncidentSettings, rebuild
 from trainguard.incidents.query import canonical
@@ -60,6 +61,17 @@ class LaggingBus(MemoryBus):
         return c
 
 
+async def serving_after(bus: MemoryBus, first: list[Event]
+                        ) -> tuple[ServiceStats, asyncio.Event, asyncio.Task[ServiceStats]]:
+    """``first`` published, then the service started (idle flush 0.2 s, polls of 50 ms)."""
+    await bus.publish(first)
+    stats = ServiceStats()
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(bus, settings=SETTINGS, idle_flush_s=0.2, stop=stop,
+                                     stats=stats, poll_ms=50))
+    return stats, stop, task
+
+
 def published(bus: MemoryBus) -> list[bytes]:
     return sorted(canonical(e) for e in bus.events(TopicRole.INCIDENTS)
                   if e.type == "incident.transition")
@@ -86,11 +98,7 @@ def test_a_quiet_poll_with_a_topic_still_unread_does_not_flush() -> None:
     half = len(log) // 2
 
     async def go() -> tuple[list[bytes], ServiceStats]:
-        await bus.publish(log[:half])
-        stats = ServiceStats()
-        stop = asyncio.Event()
-        task = asyncio.create_task(serve(bus, settings=SETTINGS, idle_flush_s=0.2, stop=stop,
-                                         stats=stats, poll_ms=50))
+        stats, stop, task = await serving_after(bus, log[:half])
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 20
         while stats.consumed < half and loop.time() < deadline:
@@ -148,11 +156,7 @@ def test_late_records_are_folded_only_once_every_topic_is_read() -> None:
     rest = log[half:]
 
     async def go() -> tuple[list[bytes], ServiceStats]:
-        await bus.publish(log[:half])
-        stats = ServiceStats()
-        stop = asyncio.Event()
-        task = asyncio.create_task(serve(bus, settings=SETTINGS, idle_flush_s=0.2, stop=stop,
-                                         stats=stats, poll_ms=50))
+        stats, stop, task = await serving_after(bus, log[:half])
         loop = asyncio.get_running_loop()
 
         async def wait_consumed(n: int) -> None:
