@@ -4,7 +4,8 @@
 2. `trainguard agent` for this node, as its own process;
 3. a 4-rank job (``toy_job``) reporting every step through the trainer-side hook;
 4. faults injected for real, each one an ``injection`` event on the log: rank 2 throttled to
-   25% of a core through the cgroup CPU controller, then rank 3 killed with SIGKILL;
+   10% of a core through the cgroup CPU controller and, once its straggler verdict is on the
+   log, rank 3 killed with SIGKILL;
 5. `trainguard streams` applying the default rules live; the log is read back and summarised:
    what each rank did, what the agent saw, and the verdicts the streams decided.
 """
@@ -24,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainguard.actuators.cgroups import CgroupError, create
+from trainguard.actuators.cgroups import CgroupError, CpuCgroup, create
 from trainguard.bus.admin import ensure_topics
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
@@ -35,7 +36,7 @@ from trainguard.events.clock import now_us, to_iso
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import new_event_id
-from trainguard.events.payloads import Injection, ProcessExit, StepReport, Verdict
+from trainguard.events.payloads import Injection, ProcessExit, StepReport, Verdict, VerdictState
 from trainguard.events.topics import EVENT_ROLES, TOPIC_SPECS
 
 JOB = "demo-job"
@@ -102,53 +103,97 @@ def run_demo(cfg: KafkaConfig, say: Say = print, seconds: float = 14.0) -> DemoR
 # learned as normal (docs/rules.md); on a cold start (a fresh clone's first imports) the ranks
 # can take seconds to step, and a CI run's demo saw its throttle draw no verdict.
 STEADY_STEPS = 30
+# Each fault then waits for its verdict (or this long) before the next one: a throttled rank
+# of this toy job makes a step in about half a second, fewer on a busy machine, and a kill
+# that comes before the sequential test is sure ends the job and the straggler evidence with
+# it (a CI run's demo, with fixed sleeps, saw no straggler verdict).
+VERDICT_LIMIT_S = 60.0
 
 
-def _wait_steady(cfg: KafkaConfig, say: Say, limit_s: float = 60.0) -> None:
-    tail = LogTail(cfg, JOB)
-    tail.start()
-    try:
+class _Watch:
+    """The job's log as it arrives, and waits on it: for steady ranks, for a verdict."""
+
+    def __init__(self, cfg: KafkaConfig) -> None:
+        self.tail = LogTail(cfg, JOB)
+
+    def __enter__(self) -> _Watch:
+        self.tail.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.tail.stop()
+
+    def until(self, done: Callable[[list[Event]], bool], limit_s: float) -> bool:
         deadline = time.monotonic() + limit_s
         seen = 0
-        while time.monotonic() < deadline:
-            counts = Counter(e.payload.rank for e in tail.events()
-                             if isinstance(e.payload, StepReport))
-            if len(counts) >= WORLD and min(counts.values()) >= STEADY_STEPS:
-                return
-            seen = tail.wait_for_news(seen, 1.0)
-        say(f"[demo] not every rank made {STEADY_STEPS} steps in {limit_s:.0f} s: "
-            "injecting anyway")
-    finally:
-        tail.stop()
+        while True:
+            if done(self.tail.events()):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            seen = self.tail.wait_for_news(seen, min(1.0, left))
+
+
+def _steady(events: list[Event]) -> bool:
+    counts = Counter(e.payload.rank for e in events if isinstance(e.payload, StepReport))
+    return len(counts) >= WORLD and min(counts.values()) >= STEADY_STEPS
+
+
+def _verdict(kind: str, rank: int, since: int) -> Callable[[list[Event]], bool]:
+    def opened(events: list[Event]) -> bool:
+        return any(isinstance(e.payload, Verdict) and e.payload.kind == kind
+                   and e.payload.state == VerdictState.OPEN and e.subject.rank == rank
+                   and e.payload.first_anomalous_time >= since for e in events)
+    return opened
 
 
 def _inject_faults(cfg: KafkaConfig, ranks: list[subprocess.Popen[bytes]], run: DemoRun,
                    say: Say, seconds: float) -> None:
-    _wait_steady(cfg, say)
-    time.sleep(seconds * 0.3)
+    group = None
+    try:
+        with _Watch(cfg) as watch:
+            if not watch.until(_steady, 60.0):
+                say(f"[demo] not every rank made {STEADY_STEPS} steps in 60 s: injecting anyway")
+            time.sleep(seconds * 0.3)
+            group = _throttle(cfg, ranks[2], run, say)
+            if group is not None and not watch.until(
+                    _verdict("straggler", 2, run.injections[-1][1]), VERDICT_LIMIT_S):
+                say(f"[demo] no straggler verdict for rank 2 in {VERDICT_LIMIT_S:.0f} s")
+            time.sleep(seconds * 0.1)
+            at = now_us()
+            ranks[3].send_signal(signal.SIGKILL)
+            _injection(cfg, run, at, "worker-exit", "start", 3, {"signal": 9})
+            say("[demo] injected: rank 3 killed (SIGKILL)")
+            if not watch.until(_verdict("process_exit", 3, at), VERDICT_LIMIT_S):
+                say(f"[demo] no process_exit verdict for rank 3 in {VERDICT_LIMIT_S:.0f} s")
+            time.sleep(seconds * 0.1)
+        run.injections.append(("end of run: the demo stops the job", now_us()))
+    finally:
+        if group is not None:
+            at = now_us()
+            group.set_quota_pct(None)
+            _injection(cfg, run, at, "slowdown", "rollback", 2, {})
+            group.remove()
+
+
+def _throttle(cfg: KafkaConfig, rank: subprocess.Popen[bytes], run: DemoRun,
+              say: Say) -> CpuCgroup | None:
     group = None
     try:
         group = create(f"demo-rank2-{os.getpid()}")
-        group.add(ranks[2].pid)
+        group.add(rank.pid)
         at = now_us()  # the fault's time is when it acts, not when its event is published
         group.set_quota_pct(THROTTLE_PCT)
-        _injection(cfg, run, at, "slowdown", "start", 2, {"method": "cgroup cpu quota",
-                                                         "cpu_quota_pct": THROTTLE_PCT})
-        say(f"[demo] injected: rank 2 throttled to {THROTTLE_PCT}% of a core (cgroup cpu quota)")
     except CgroupError as exc:
         say(f"[demo] slowdown not injected: {exc}")
-    time.sleep(seconds * 0.3)
-    at = now_us()
-    ranks[3].send_signal(signal.SIGKILL)
-    _injection(cfg, run, at, "worker-exit", "start", 3, {"signal": 9})
-    say("[demo] injected: rank 3 killed (SIGKILL)")
-    time.sleep(seconds * 0.4)
-    run.injections.append(("end of run: the demo stops the job", now_us()))
-    if group is not None:
-        at = now_us()
-        group.set_quota_pct(None)
-        _injection(cfg, run, at, "slowdown", "rollback", 2, {})
-        group.remove()
+        if group is not None:
+            group.remove()
+        return None
+    _injection(cfg, run, at, "slowdown", "start", 2, {"method": "cgroup cpu quota",
+                                                     "cpu_quota_pct": THROTTLE_PCT})
+    say(f"[demo] injected: rank 2 throttled to {THROTTLE_PCT}% of a core (cgroup cpu quota)")
+    return group
 
 
 def _injection(cfg: KafkaConfig, run: DemoRun, at: int, fault: str, phase: str, rank: int,
