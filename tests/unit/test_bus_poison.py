@@ -67,6 +67,7 @@ class _Rec:
     offset: int
     key: bytes | None
     value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()  # aiokafka's record has them, maybe none
 
 
 class _Letters:

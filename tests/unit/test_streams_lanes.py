@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from trainguard.bus.dlq import DeadLetter
+from trainguard.bus.headers import spooled_header
 from trainguard.events.codec import decode, encode, partition_key
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import Verdict
@@ -43,6 +44,7 @@ class Message:
     offset: int
     key: bytes
     value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -120,3 +122,20 @@ def test_a_record_on_the_urgent_topic_that_is_no_urgent_copy_is_dead_lettered() 
         ("streams.urgent", "type", 0), ("streams.urgent", letters[1].field, 9)]
     assert "not an urgent type" in letters[0].reason
     assert kinds(verdicts) == [("process_exit", "open")]  # the lane went on
+
+
+def test_a_records_spool_wait_header_reaches_its_engine() -> None:
+    """A record that says it waited in an agent's spool (``bus/headers.py``) starts the job's
+    backlog hold: its watermark stands still though later event times arrive."""
+    lane, _, _, table = lanes()
+    log = list(synth.job_steps(JOB, 8, 100))  # 20 s: past the wait for a telemetry lane
+    live = records(log[:480], "tg.task")
+    backlog = records(log[480:], "tg.task")
+    for r in backlog:
+        r.message.headers = spooled_header(30_000)
+    asyncio.run(lane.ordered_batch(live))
+    before = orjson.loads(table.data[JOB.encode()])["buffer"]["watermark"]
+    assert before > 0
+    asyncio.run(lane.ordered_batch(backlog))
+    saved = orjson.loads(table.data[JOB.encode()])["buffer"]
+    assert saved["watermark"] == before and saved["hold_until"] > saved["arrival"]

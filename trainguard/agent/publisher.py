@@ -8,6 +8,8 @@ A failed send has an unknown outcome: the broker may have written the batch and 
 acknowledgement (a broker stopped mid-request does that). Such records are *uncertain*; before
 one is sent again, the publisher reads the tail of its topic and settles it without resending
 if its exact bytes are already there. So an outage neither loses nor duplicates a record.
+A record that waited in the spool says so in a header (``bus/headers.py``): the streams worker
+holds its watermark while agents drain such a backlog.
 The spool journals each send before it happens, so records sent by an agent that was then
 killed are uncertain to the next one too (``DiskSpool.uncertain_at_open``).
 
@@ -33,6 +35,7 @@ from aiokafka.errors import KafkaError
 from trainguard.agent.metrics import AgentMetrics
 from trainguard.agent.spool import DiskSpool, Spooled
 from trainguard.bus.config import KafkaConfig
+from trainguard.bus.headers import spooled_header
 from trainguard.bus.producer import PRODUCER_SETTINGS
 
 log = logging.getLogger(__name__)
@@ -88,7 +91,9 @@ class SpoolPublisher:
             producer = await self._ensure_producer()
             self.spool.sent([r.seq for r in head])  # uncertain from here, restarts included
             futures = [await producer.send(r.topic, value=r.value, key=r.key,
-                                           timestamp_ms=r.timestamp_ms) for r in head]
+                                           timestamp_ms=r.timestamp_ms,
+                                           headers=spooled_header(self._waited_ms(r)))
+                       for r in head]
             done, _pending = await asyncio.wait(futures, timeout=self.send_timeout_s)
         except (KafkaError, OSError, TimeoutError) as exc:
             return await self._down(exc)
@@ -116,6 +121,15 @@ class SpoolPublisher:
         if written:
             log.info("reconciled %d records already written before the outage", len(written))
         return [r for r in head if r.seq not in done]
+
+    def _waited_ms(self, rec: Spooled) -> int:
+        """How long the record has been in the spool: since ``note_put`` in this process, or,
+        for one an earlier process spooled, since its event time (a little more than its
+        wait: it outlived that process, so it is a backlog either way)."""
+        entered = self._entered.get(rec.seq)
+        if entered is not None:
+            return int((time.monotonic() - entered) * 1000)
+        return max(0, int(time.time() * 1000) - rec.timestamp_ms)
 
     def _settle(self, acked: list[Spooled]) -> None:
         now = time.monotonic()

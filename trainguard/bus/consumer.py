@@ -33,6 +33,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.dlq import DeadLetter, dead_letter, refusal
+from trainguard.bus.headers import spooled_us
 from trainguard.bus.producer import EventProducer
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode
@@ -54,6 +55,7 @@ class Delivered:
     offset: int
     key: bytes | None = None
     value: bytes = b""  # the record as read: what a dead letter keeps if handling it fails
+    spooled_us: int = 0  # how long it waited in an agent's spool (its header, bus/headers.py)
 
 
 @dataclass
@@ -174,7 +176,7 @@ class EventConsumer:
                 self.stats.duplicates += 1
                 continue
             good.append(Delivered(event, rec.topic, rec.partition, rec.offset, rec.key,
-                                  bytes(value)))
+                                  bytes(value), spooled_us(rec.headers)))
         self.stats.delivered += len(good)
         return good
 

@@ -66,6 +66,16 @@ SNAPSHOT_VERSION = 1
 # worker fetches its partitions together, so the first records of both inputs come within
 # moments of each other; 5 s covers a slow first fetch, and is all a job without telemetry
 # waits at its start.
+# A record that waited ``BACKLOG_US`` or more in an agent's spool is a backlog (its agent was
+# cut off from the broker); the watermark then stands still until the newest arrival is
+# ``BACKLOG_HOLD_US`` past the last backlog record's (``ordering.py``, "Backlog hold"). 2 s:
+# well above a live spool's hand-off (milliseconds; the agent writes no wait under 0.5 s) and
+# a broker's leader election, well below any outage that would lose a node's records. 10 s:
+# agents cut off together reconnect within their backoff (5 s at most) and drain a minute of
+# records in about a second each; it is also how much longer a node that died during the
+# outage waits for its silence verdict, and it dwarfs NTP-synchronised hosts' clock skew.
+BACKLOG_US = 2_000_000
+BACKLOG_HOLD_US = 10_000_000
 LANES = (TopicRole.TASK, TopicRole.TELEMETRY)
 LANE_IDLE_US = 10_000_000
 LANE_EXPECT_US = 5_000_000
@@ -84,7 +94,8 @@ class RuleEngine:
         self.ruleset = ruleset
         self.prompt = prompt
         self.buffer = ReorderBuffer(ruleset.allowed_lateness_us, LANE_IDLE_US,
-                                    tuple(lane.value for lane in LANES), LANE_EXPECT_US)
+                                    tuple(lane.value for lane in LANES), LANE_EXPECT_US,
+                                    backlog_us=BACKLOG_US, hold_us=BACKLOG_HOLD_US)
         self.gate = EpochGate()
         self.rules: list[tuple[str, RuleBase]] = []
         self._digests = {spec.id: spec.digest() for spec in ruleset.rules}
@@ -108,14 +119,15 @@ class RuleEngine:
         if snapshot is not None:
             self.restore(snapshot)
 
-    def feed(self, event: Event) -> list[Event]:
+    def feed(self, event: Event, spooled_us: int = 0) -> list[Event]:
+        """``spooled_us``: how long the record waited in an agent's spool (its header)."""
         if event.job_id != self.job_id:
             self.foreign += 1
             return []
         early: list[Event] = []
         if self.prompt and self.buffer.accepts(event):
             early = self._prompt(event)
-        released = self.buffer.push(event, LANE_OF.get(event.type))
+        released = self.buffer.push(event, LANE_OF.get(event.type), spooled_us)
         if not released:
             return early
         out = self._evaluate(released)

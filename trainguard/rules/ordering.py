@@ -22,6 +22,20 @@ for ``expect_us``: a worker's first reads of its inputs may come one before the 
 job with no such input at all is held that long at its start only. Lanes only ever hold the
 watermark back, so the released sequence is the same as without them whenever neither drops
 a record.
+
+Backlog hold. A record may come with how long it waited in an agent's spool (``spooled_us``,
+from the record's header, ``bus/headers.py``). Its arrival is its ``ingest_time`` (stamped by
+the agent when it spooled it; the event time if unstamped) plus that wait: when it was sent,
+on the clock of the host that sent it. A record that waited at least ``backlog_us`` is a
+backlog: its agent was cut off from the broker and is draining what it kept. Agents cut off
+together (the head partitioned from the nodes, the broker down) drain one after another, and
+the first one through would move the event time a whole outage ahead: the others' records of
+that time would be late and dropped, and their nodes found silent. So the watermark stands
+still until the newest arrival is ``hold_us`` past the last backlog record's arrival: every
+agent that drains within ``hold_us`` of the one before loses nothing; one that never drains
+(its node died meanwhile) holds the others ``hold_us`` longer, then the watermark moves on
+and its silence is decided. Arrivals compared come from different hosts' clocks, so
+``hold_us`` must dwarf their skew. The hold, too, only holds the watermark back.
 """
 
 from __future__ import annotations
@@ -37,11 +51,16 @@ from trainguard.events.envelope import Event
 
 class ReorderBuffer:
     def __init__(self, allowed_lateness_us: int, idle_us: int = 0,
-                 expect: tuple[str, ...] = (), expect_us: int = 0) -> None:
+                 expect: tuple[str, ...] = (), expect_us: int = 0, *,
+                 backlog_us: int = 0, hold_us: int = 0) -> None:
         self.lateness = allowed_lateness_us
         self.idle = idle_us
         self.expect = expect
         self.expect_us = expect_us
+        self.backlog_us = backlog_us  # 0: no backlog hold
+        self.hold_us = hold_us
+        self.arrival = -1  # the newest arrival seen (see "Backlog hold")
+        self.hold_until = -1  # the watermark stands still while arrival is below this
         self.first = -1  # the first event's time: where a lane expected but not seen stands
         self.max_time = -1
         self.lanes: dict[str, int] = {}  # lane -> the newest event time on it
@@ -52,17 +71,18 @@ class ReorderBuffer:
         self._ids: set[str] = set()
         self._raw: dict[str, Any] = {}  # event_id -> wire JSON object, filled by snapshot()
 
-    def push(self, event: Event, lane: str | None = None) -> list[Event]:
-        """Take one arriving event (read from input ``lane``, if named); return the events
-        now released, in order."""
+    def push(self, event: Event, lane: str | None = None, spooled_us: int = 0) -> list[Event]:
+        """Take one arriving event (read from input ``lane``, if named; ``spooled_us``: how
+        long it waited in an agent's spool); return the events now released, in order."""
         t = event.event_time
+        held = self._arrive(event, spooled_us) if self.backlog_us else False
         if t <= self.watermark:
             self.late += 1
-            return []
+            return self._advance() if held else []
         eid = event.event_id
         if eid in self._ids:
             self.duplicates += 1
-            return []
+            return self._advance() if held else []
         self._ids.add(eid)
         heapq.heappush(self._heap, (t, eid, event))
         moved = False
@@ -74,14 +94,31 @@ class ReorderBuffer:
         if lane is not None and t > self.lanes.get(lane, -1):
             self.lanes[lane] = t
             moved = True
-        if moved:
-            wm = self._mark()
-            if self._heap[0][0] <= wm:
-                return self._release(wm)
+        return self._advance() if moved or held else []
+
+    def _advance(self) -> list[Event]:
+        wm = self._mark()
+        if self._heap and self._heap[0][0] <= wm:
+            return self._release(wm)
         return []
 
+    def _arrive(self, event: Event, spooled_us: int) -> bool:
+        """Note the event's arrival; True when it ends a backlog hold (the watermark may move
+        though no event time did)."""
+        base = event.ingest_time if event.ingest_time is not None else event.event_time
+        at = base + max(0, spooled_us)
+        was_held = self.arrival < self.hold_until
+        if at > self.arrival:
+            self.arrival = at
+        if spooled_us >= self.backlog_us:
+            self.hold_until = max(self.hold_until, at + self.hold_us)
+        return was_held and self.arrival >= self.hold_until
+
     def _mark(self) -> int:
-        """The watermark the events seen allow: the slowest lane not idle, less the lateness."""
+        """The watermark the events seen allow: the slowest lane not idle, less the lateness;
+        where it stands during a backlog hold."""
+        if self.arrival < self.hold_until:
+            return self.watermark
         top = self.max_time
         cut = top - self.idle
         for newest in self.lanes.values():
@@ -129,6 +166,9 @@ class ReorderBuffer:
         if self.lanes or self.expect:
             doc["lanes"] = dict(sorted(self.lanes.items()))
             doc["first"] = self.first
+        if self.backlog_us:
+            doc["arrival"] = self.arrival
+            doc["hold_until"] = self.hold_until
         if events:
             doc["buffered"] = [self._encoded(eid, ev) for _, eid, ev in self._heap]
         else:
@@ -149,6 +189,8 @@ class ReorderBuffer:
         self.duplicates = int(doc["duplicates"])
         self.lanes = {str(k): int(v) for k, v in doc.get("lanes", {}).items()}
         self.first = int(doc.get("first", self.max_time))
+        self.arrival = int(doc.get("arrival", -1))
+        self.hold_until = int(doc.get("hold_until", -1))
         events = [(decode_obj(raw), raw) for raw in doc["buffered"]]
         self._heap = [(ev.event_time, ev.event_id, ev) for ev, _ in events]
         heapq.heapify(self._heap)

@@ -38,6 +38,7 @@ from aiokafka.partitioner import murmur2
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import Check
 from trainguard.bus.dlq import dead_letter, refusal
+from trainguard.bus.headers import spooled_us
 from trainguard.events.clock import now_us
 from trainguard.events.codec import decode, encode
 from trainguard.events.errors import ContractError, FieldError
@@ -254,7 +255,8 @@ class Lanes:
             # the others
             raw[event.event_id] = ev.value
             key = event.job_id.encode()
-            decided = [(key, encode(v)) for v in engine.feed(event)]
+            decided = [(key, encode(v))
+                       for v in engine.feed(event, spooled_us(ev.message.headers))]
         except Exception as exc:  # this record is poison: see the class doc
             await self._poison(exc, event, ev.message, "streams.evaluate")
             return

@@ -10,8 +10,9 @@ from trainguard.events.envelope import Event
 
 
 class JobEngine(Protocol):
-    def feed(self, event: Event) -> Sequence[Event]:
-        """Take one event of this job; return the verdict events it decides."""
+    def feed(self, event: Event, spooled_us: int = 0) -> Sequence[Event]:
+        """Take one event of this job (``spooled_us``: how long its record waited in an
+        agent's spool, from its header); return the verdict events it decides."""
         ...
 
     def early(self, event: Event) -> Sequence[Event]:
