@@ -77,6 +77,13 @@ def stage_of(report: StepReport) -> str:
 L, MS, PEER, LEVEL, STEP, TIME, BURST, JUDGED = range(8)
 
 
+def normal_se(st: RankState) -> float:
+    """Since 2026-12-07, as in the rule (``straggler.normal_se``): a bound on the normal's
+    standard error for any unimodal noise, sqrt(3) x the deviations' RMS / sqrt(n)."""
+    n = math.sqrt(max(st.seen, 1))
+    return max(1.2533 * st.spread, math.sqrt(3.0 * st.square)) / n
+
+
 @dataclass
 class RankState:
     """One rank's straggler state (JSON via ``doc``/``from_doc``)."""
@@ -84,6 +91,7 @@ class RankState:
     learn: list[float] = field(default_factory=list)  # log-ratios while learning its normal
     normal: float = 0.0  # its own normal log-ratio (valid once learned)
     spread: float = 0.0  # its mean absolute deviation of the log-ratio around the normal
+    square: float = 0.0  # mean square of its deviations around the normal (2026-12-07)
     learned: bool = False
     seen: int = 0  # steps learned from since (capped at normal_memory_steps)
     over_rates: list[float] = field(default_factory=list)  # own share of over-steps per level
@@ -280,7 +288,7 @@ class MainStragglerRule(RuleBase):
             # the normal rests on `seen` noisy steps: a step is over a level only by more than
             # twice the normal's standard error, so a normal learned a little low from a short
             # history does not make noise look like a straggler
-            d = lr - st.normal - 2.0 * 1.2533 * st.spread / math.sqrt(max(st.seen, 1))
+            d = lr - st.normal - 2.0 * normal_se(st)
             level = -1
             if lr > 0.0 and value - expected >= q.min_excess_ms:  # slower than its peers
                 for j, lv in enumerate(levels):
@@ -336,6 +344,7 @@ class MainStragglerRule(RuleBase):
         devs = [x - st.normal for x in st.learn]
         n = len(devs)
         st.spread = sum(abs(d) for d in devs) / n
+        st.square = sum(d * d for d in devs) / n
         # since 2026-12-06 (applied here too, as in the rule): counted by the judged steps' test
         rows = [r for r in st.hist if not r[JUDGED]][-n:]
         scale = math.exp(st.normal)
@@ -375,9 +384,11 @@ class MainStragglerRule(RuleBase):
             st.over_rates[j] += w * ((1.0 if level >= j else 0.0) - st.over_rates[j])
         st.burst_rate += w * (old[BURST] - st.burst_rate)
         pull = self.levels[0]
-        dev = min(max(old[L] - st.normal, -pull), pull)
+        raw = old[L] - st.normal
+        dev = min(max(raw, -pull), pull)
         st.normal += w * dev
         st.spread += w * (abs(dev) - st.spread)
+        st.square += w * (raw * raw - st.square)
 
     def _stage_outliers(self, candidates: list[str], judged: list[str], stage: str, step: int,
                         row: dict[str, Cell]) -> list[Event]:
@@ -398,7 +409,7 @@ class MainStragglerRule(RuleBase):
             # the normal is a mean of `seen` noisy steps: its standard error (sigma ~ 1.25 x
             # the mean absolute deviation, x1.2 for the peers' median's own error) bounds the
             # scale from below, so a noisy job's normals are not told apart by noise
-            se = 1.2 * 1.2533 * st.spread / math.sqrt(max(st.seen, 1))
+            se = 1.2 * normal_se(st)
             z = 0.6745 * effect / max(spread, q.min_sigma, 0.6745 * se)
             if effect < math.log(q.threshold_ratio) or z < q.outlier_z:
                 continue
