@@ -186,3 +186,17 @@ def test_any_headers_read_as_a_wait_or_none(headers: object) -> None:
 def test_a_written_wait_reads_back(waited: int) -> None:
     expected = waited * 1000 if waited >= SPOOLED_REPORT_MS else 0
     assert spooled_us(spooled_header(waited)) == expected
+
+
+def test_a_node_cut_off_alone_holds_the_job_once_at_most() -> None:
+    """One agent cut off while the others go on: its backlog is behind the watermark, late
+    whatever happens, and holds nothing; only its last records, within the lateness bound of
+    the watermark, may: the job's watermark then stands still for the hold once, no longer."""
+    arrivals = sorted(sent(node_records(0, 0, 120), (30, 90), 90)
+                      + sent(node_records(1, 0, 120), (0, 0), None),
+                      key=lambda a: (a.at, a.event.event_id))
+    buffer = held()
+    feed_buffer(buffer, arrivals)
+    assert buffer.late > 1000  # n0's minute, as without the hold
+    assert buffer.hold_until <= T0 + 90 * S + 2 * S + BACKLOG_HOLD_US
+    assert buffer.watermark >= max(a.event.event_time for a in arrivals) - 3 * S

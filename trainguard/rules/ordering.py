@@ -35,7 +35,9 @@ still until the newest arrival is ``hold_us`` past the last backlog record's arr
 agent that drains within ``hold_us`` of the one before loses nothing; one that never drains
 (its node died meanwhile) holds the others ``hold_us`` longer, then the watermark moves on
 and its silence is decided. Arrivals compared come from different hosts' clocks, so
-``hold_us`` must dwarf their skew. The hold, too, only holds the watermark back.
+``hold_us`` must dwarf their skew. A backlog record already behind the watermark (one agent
+cut off alone while the others went on: its records are late whatever happens) holds nothing.
+The hold, too, only holds the watermark back.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class ReorderBuffer:
         """Take one arriving event (read from input ``lane``, if named; ``spooled_us``: how
         long it waited in an agent's spool); return the events now released, in order."""
         t = event.event_time
-        held = self._arrive(event, spooled_us) if self.backlog_us else False
+        held = self._arrive(event, spooled_us, t > self.watermark) if self.backlog_us else False
         if t <= self.watermark:
             self.late += 1
             return self._advance() if held else []
@@ -102,15 +104,16 @@ class ReorderBuffer:
             return self._release(wm)
         return []
 
-    def _arrive(self, event: Event, spooled_us: int) -> bool:
+    def _arrive(self, event: Event, spooled_us: int, ahead: bool) -> bool:
         """Note the event's arrival; True when it ends a backlog hold (the watermark may move
-        though no event time did)."""
+        though no event time did). A backlog record already behind the watermark (one node
+        cut off alone while the others went on) is late whatever comes: it holds nothing."""
         base = event.ingest_time if event.ingest_time is not None else event.event_time
         at = base + max(0, spooled_us)
         was_held = self.arrival < self.hold_until
         if at > self.arrival:
             self.arrival = at
-        if spooled_us >= self.backlog_us:
+        if ahead and spooled_us >= self.backlog_us:
             self.hold_until = max(self.hold_until, at + self.hold_us)
         return was_held and self.arrival >= self.hold_until
 
