@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from tests.unit.rules_support import T0
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import StepReport, Verdict
 from trainguard.rules import RuleSet, load_default_rules, parse_rules, replay
@@ -95,6 +96,27 @@ def test_job_slowdown_resolves_when_speed_returns() -> None:
     events += list(job_steps("j", 8, 40, first_step=70,
                              start_us=events[-1].event_time + 200_000))
     assert kinds(verdicts(events, rs)) == [("job_slowdown", "open"), ("job_slowdown", "resolved")]
+
+
+def test_a_hiccup_of_a_job_of_short_steps_is_no_job_slowdown() -> None:
+    """3 ms steps, every rank 1.7x for 10 steps (30 ms: the slurm-head-partition drill's agents
+    draining their spools on the same cores): windows over enough, for too short a time
+    (``min_span_ms``, 3 s). The same slowdown held 5 s opens, from its first window."""
+    def job(slow_steps: int) -> list[Event]:
+        slow = {r: (60, 1.7) for r in range(8)}
+        head = list(job_steps("j", 8, 60 + slow_steps, base_ms=3.0, step_us=3_000,
+                              noise=0.03, slow=slow))
+        return head + list(job_steps("j", 8, 200, base_ms=3.0, step_us=3_000, noise=0.03,
+                                     first_step=60 + slow_steps,
+                                     start_us=head[-1].event_time + 3_000))
+    rs = parse_rules("rules:\n  - id: js\n    kind: job_slowdown\n")
+    assert verdicts(job(10), rs) == []
+    at_once = parse_rules("rules:\n  - id: js\n    kind: job_slowdown\n"
+                          "    parameters: {min_span_ms: 0}\n")
+    assert kinds(verdicts(job(10), at_once))[0] == ("job_slowdown", "open")
+    held = verdicts(job(5000 // 3), rs)
+    assert kinds(held)[0] == ("job_slowdown", "open")
+    assert held[0].first_anomalous_time < T0 + 70 * 3_000
 
 
 def test_a_rank_slow_from_the_start_stands_out_from_its_homogeneous_stage() -> None:

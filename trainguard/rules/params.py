@@ -128,6 +128,8 @@ PARAMS: dict[str, tuple[Param, ...]] = {
               "share of ranks over threshold needed (most ranks slow together)"),
         Param("resolve_ratio", NUM, 1.1, ge(1), ""),
         Param("resolve_windows", int, 5, ge(1), ""),
+        Param("min_span_ms", int, 3000, ge(0),
+              "the windows over must have held this long in event time (0: at once)"),
     ),
     "stage_imbalance": (
         Param("threshold_ratio", NUM, 1.25, gt(1), "stage median / median of stage medians"),

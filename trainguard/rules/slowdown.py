@@ -5,6 +5,9 @@ window, against the job's own baseline (the mean of its first ``baseline_steps``
 flagged when the ratio exceeds ``threshold_ratio`` in ``k`` of the last ``n`` windows *and* at
 least ``min_rank_fraction`` of the ranks are individually over it: one job-level verdict
 instead of one straggler per rank (the straggler rule compares with peers and stays quiet).
+It opens once that has held for ``min_span_ms`` of event time: windows count steps, and a job
+of 3 ms steps had 5 windows over in 0.15 s (the slurm-head-partition drill, 2026-12-07: a
+1.7x hiccup while every agent drained its spool on the same two cores), no slowdown to report.
 
 ``StageImbalanceRule``: a pipeline stage whose windowed median stands above the median of the
 other stages' is a stage slower by design (an uneven layer split), reported as ``info`` at the
@@ -46,10 +49,11 @@ class JobSlowdownState:
     flags: dict[str, list[Flag]] = field(default_factory=dict)  # "*" -> the last n windows
     base: Baseline = field(default_factory=Baseline)
     calm: int = 0  # windows back to normal while open
+    since: int = -1  # when k of the last n windows first were over, this time (-1: they are not)
 
     def doc(self) -> dict[str, Any]:
         return {"group": self.group.doc(), "hist": self.hist, "flags": flags_doc(self.flags),
-                "base": self.base.doc(), "calm": self.calm}
+                "base": self.base.doc(), "calm": self.calm, "since": self.since}
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> JobSlowdownState:
@@ -57,7 +61,8 @@ class JobSlowdownState:
         base = doc.get("base", [0.0, 0])
         return cls(group=StepGroup.from_doc(doc["group"]) if "group" in doc else StepGroup(),
                    hist=_hist(doc.get("hist", {})), flags=flags_from_doc(doc.get("flags", {})),
-                   base=Baseline(float(base[0]), int(base[1])), calm=int(doc.get("calm", 0)))
+                   base=Baseline(float(base[0]), int(base[1])), calm=int(doc.get("calm", 0)),
+                   since=int(doc.get("since", -1)))
 
 
 @dataclass(slots=True)
@@ -161,12 +166,17 @@ class JobSlowdownRule(RuleBase):
                     "windows": len(flags), "window_steps": size, "step": step}
         if not self.book.is_open("job"):
             hits = [f for f in flags if f.over]
-            if len(hits) >= int(p["k"]):
-                s.calm = 0
-                return self.book.raise_("job", kind=VerdictKind.JOB_SLOWDOWN, subject=Subject(),
-                                        severity=None, first_time=hits[0].time,
-                                        decided_time=time, evidence=evidence)
-            return []
+            if len(hits) < int(p["k"]):
+                s.since = -1
+                return []
+            if s.since < 0:
+                s.since = hits[0].time
+            if time - s.since < int(p["min_span_ms"]) * 1000:
+                return []  # a hiccup of a job of short steps: not yet a slowdown
+            s.calm, first, s.since = 0, s.since, -1
+            return self.book.raise_("job", kind=VerdictKind.JOB_SLOWDOWN, subject=Subject(),
+                                    severity=None, first_time=first, decided_time=time,
+                                    evidence=evidence)
         s.calm = s.calm + 1 if ratio < p["resolve_ratio"] else 0
         if s.calm >= int(p["resolve_windows"]):
             s.flags["*"] = []
