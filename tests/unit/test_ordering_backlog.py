@@ -104,7 +104,7 @@ def test_agents_draining_one_after_another_lose_nothing() -> None:
 
 
 def silent_nodes(arrivals: list[Arrival]) -> dict[str, int]:
-    engine = RuleEngine("j", load_default_rules())
+    engine = RuleEngine("j", load_default_rules(), backlog_hold=True)
     out: dict[str, int] = {}
     for a in arrivals:
         for v in engine.feed(a.event, a.spooled):

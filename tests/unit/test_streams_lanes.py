@@ -58,10 +58,10 @@ def records(events: list[Event], topic: str) -> list[Record]:
             for i, e in enumerate(events)]
 
 
-def lanes() -> tuple[Lanes, Topic, Topic, Table]:
+def lanes(*, backlog_hold: bool = False) -> tuple[Lanes, Topic, Topic, Table]:
     verdicts, dlq, table = Topic(), Topic(), Table()
-    return (Lanes(engine_factory(load_default_rules(), prompt=True), table, verdicts, dlq, None),
-            verdicts, dlq, table)
+    factory = engine_factory(load_default_rules(), prompt=True, backlog_hold=backlog_hold)
+    return Lanes(factory, table, verdicts, dlq, None), verdicts, dlq, table
 
 
 def kinds(topic: Topic) -> list[tuple[str, str]]:
@@ -126,8 +126,9 @@ def test_a_record_on_the_urgent_topic_that_is_no_urgent_copy_is_dead_lettered() 
 
 def test_a_records_spool_wait_header_reaches_its_engine() -> None:
     """A record that says it waited in an agent's spool (``bus/headers.py``) starts the job's
-    backlog hold: its watermark stands still though later event times arrive."""
-    lane, _, _, table = lanes()
+    backlog hold (``--backlog-hold``): its watermark stands still though later event times
+    arrive."""
+    lane, _, _, table = lanes(backlog_hold=True)
     log = list(synth.job_steps(JOB, 8, 100))  # 20 s: past the wait for a telemetry lane
     live = records(log[:480], "tg.task")
     backlog = records(log[480:], "tg.task")

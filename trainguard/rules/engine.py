@@ -66,6 +66,9 @@ SNAPSHOT_VERSION = 1
 # worker fetches its partitions together, so the first records of both inputs come within
 # moments of each other; 5 s covers a slow first fetch, and is all a job without telemetry
 # waits at its start.
+# The backlog hold (``ordering.py``; opt-in: ``streams --backlog-hold``; off by default, see
+# docs/rules.md: it delays a silence verdict after a shared outage while the prompt lane's
+# verdicts go on, and decide then acts on half the picture).
 # A record that waited ``BACKLOG_US`` or more in an agent's spool is a backlog (its agent was
 # cut off from the broker); the watermark then stands still until the newest arrival is
 # ``BACKLOG_HOLD_US`` past the last backlog record's (``ordering.py``, "Backlog hold"). 2 s:
@@ -89,13 +92,14 @@ class RuleEngine:
     """Feed one job's events in arrival order; get verdict events back."""
 
     def __init__(self, job_id: str, ruleset: RuleSet,
-                 snapshot: dict[str, Any] | None = None, *, prompt: bool = False) -> None:
+                 snapshot: dict[str, Any] | None = None, *, prompt: bool = False,
+                 backlog_hold: bool = False) -> None:
         self.job_id = job_id
         self.ruleset = ruleset
         self.prompt = prompt
+        hold = {"backlog_us": BACKLOG_US, "hold_us": BACKLOG_HOLD_US} if backlog_hold else {}
         self.buffer = ReorderBuffer(ruleset.allowed_lateness_us, LANE_IDLE_US,
-                                    tuple(lane.value for lane in LANES), LANE_EXPECT_US,
-                                    backlog_us=BACKLOG_US, hold_us=BACKLOG_HOLD_US)
+                                    tuple(lane.value for lane in LANES), LANE_EXPECT_US, **hold)
         self.gate = EpochGate()
         self.rules: list[tuple[str, RuleBase]] = []
         self._digests = {spec.id: spec.digest() for spec in ruleset.rules}
@@ -301,12 +305,14 @@ class RuleEngine:
                 rule.restore(entry["state"])
 
 
-def engine_factory(ruleset: RuleSet, *, prompt: bool = False) -> EngineFactory:
+def engine_factory(ruleset: RuleSet, *, prompt: bool = False,
+                   backlog_hold: bool = False) -> EngineFactory:
     """The streams app's ``EngineFactory``: (job id, saved snapshot or None) -> engine.
-    ``prompt``: discrete critical signals are decided on arrival (see the module doc)."""
+    ``prompt``: discrete critical signals are decided on arrival (see the module doc);
+    ``backlog_hold``: the reorder buffer's backlog hold (``BACKLOG_US``; off by default)."""
 
     def make(job_id: str, saved: dict[str, Any] | None) -> RuleEngine:
-        return RuleEngine(job_id, ruleset, saved, prompt=prompt)
+        return RuleEngine(job_id, ruleset, saved, prompt=prompt, backlog_hold=backlog_hold)
 
     return make
 
