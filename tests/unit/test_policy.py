@@ -262,10 +262,10 @@ def test_failures_settle_and_only_the_earliest_is_the_cause() -> None:
 def test_a_verdict_about_a_replaced_pid_is_ignored() -> None:
     s = pool()
     s, _ = policy.step(s, unit("spare0", UnitState.BOUND, 3, 555, 2), 0, CFG)
-    _, stale = settled(s, [verdict("process_exit", 3, 10 * S, pid=103)], 20 * S)
+    _, stale = settled(s, [verdict("process_exit", 3, 10 * S, pid=103)], 12 * S)
     assert stale == []
     # the same verdict about the live replica is acted on: the pid is what decides
-    _, live = settled(s, [verdict("process_exit", 3, 10 * S, pid=555)], 20 * S)
+    _, live = settled(s, [verdict("process_exit", 3, 10 * S, pid=555)], 12 * S)
     assert [d.command.action for d in live] == [CommandAction.ESCALATE]
 
 
@@ -273,9 +273,9 @@ def test_the_binding_epoch_decides_staleness_where_the_verdict_has_one() -> None
     # a Slurm unit's pid is its srun on the head; the exit is of the rank's own pid on the node
     s = pool()
     s, _ = policy.step(s, unit("spare0", UnitState.BOUND, 3, 555, 2), 0, CFG)
-    _, live = settled(s, [verdict("process_exit", 3, 10 * S, pid=9103, epoch=2)], 20 * S)
+    _, live = settled(s, [verdict("process_exit", 3, 10 * S, pid=9103, epoch=2)], 12 * S)
     assert [d.command.action for d in live] == [CommandAction.ESCALATE]  # acted on
-    _, old = settled(s, [verdict("process_exit", 3, 10 * S, pid=555, epoch=1)], 20 * S)
+    _, old = settled(s, [verdict("process_exit", 3, 10 * S, pid=555, epoch=1)], 12 * S)
     assert old == []  # an older binding's exit, whatever its pid
 
 
@@ -652,6 +652,26 @@ def test_a_silence_decided_from_a_backlog_waits_for_the_backlog_to_resolve_it() 
     _, out = settled(two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"}),
                      [verdict("node_silent", None, 10 * S, node="b")], 12 * S)
     assert [d.command.action for d in out] == [CommandAction.MIGRATE]
-    # an exit read late is no silence: it needs no backlog to be right
+    # an exit by a signal read late is no silence: it is its own cause, it needs no wait
     _, out = settled(pool(), [verdict("process_exit", 0, 10 * S, sig=9)], late)
     assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+
+
+def test_a_survivors_exit_read_from_a_backlog_waits_for_the_silence_that_explains_it() -> None:
+    """A node lost during a broker outage: the survivors' exits (status unread: presumed
+    consequences), decided on arrival, reach decide before the lost node's silence (the
+    2026-12-07 slurm-node-loss-broker-outage run with the streams' backlog hold: decide moved
+    the first survivor alone, onto a plan that kept the lost node). Read late, they are held
+    ``backlog_settle_s``; the silence that comes meanwhile is covered by the same migrate,
+    which moves the lost node's rank."""
+    s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"})
+    late = 22 * S
+    exits = [verdict("process_exit", r, 10 * S) for r in (0, 1)]
+    s, out = settled(s, exits, late)
+    assert out == []  # settle_s passed, the backlog settle not
+    s, out = feed(s, [verdict("node_silent", None, 8 * S, node="b")], late + 5 * S)
+    assert out == []  # itself read from the backlog: the hold runs from its reading
+    _, out = feed(s, [], late + 5 * S + int(CFG.backlog_settle_s * S) + 1)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    params = out[0].command.params
+    assert "node=b" in params.avoid_domains and params.reason == "node_silent"

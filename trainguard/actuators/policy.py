@@ -27,7 +27,11 @@ The ladder, lightest first:
   A silence verdict that comes ``backlog_lag_s`` after it was decided came from a backlog (the
   agents' spools flushing one after another after a broker outage can make a healthy node
   look silent until its own records arrive): its job's failures are held
-  ``backlog_settle_s`` instead, and a silence resolved meanwhile moves nothing.
+  ``backlog_settle_s`` instead, and a silence resolved meanwhile moves nothing. So is an exit
+  presumed a consequence (a peer-lost code, or a status nobody could read) read that late:
+  its cause may be a silence still on its way (the survivors' exits of a node lost during a
+  broker outage, decided on arrival, before the lost node's silence). An exit by a signal is
+  its own cause and needs no wait.
   Every rank that failed by itself (a signal, silence) within the window, and every rank bound
   where a node-level verdict points, is moved to a spare by that one ``migrate``
   (``params.ranks``), never onto a unit of a failure domain that just failed
@@ -354,7 +358,7 @@ def _hold_failure(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfi
         return  # a replica already replaced, or covered by the restart under way
     s.held.setdefault(ov.job, []).append(ov)
     s.held_since.setdefault(ov.job, now_us)
-    if (ov.kind in SILENCE_KINDS and ov.decided_at is not None
+    if ((ov.kind in SILENCE_KINDS or _consequence(ov, cfg)) and ov.decided_at is not None
             and now_us - ov.decided_at > int(cfg.backlog_lag_s * 1e6)):
         s.held_until[ov.job] = max(s.held_until.get(ov.job, 0),
                                    now_us + int(cfg.backlog_settle_s * 1e6))
