@@ -674,4 +674,5 @@ def test_a_survivors_exit_read_from_a_backlog_waits_for_the_silence_that_explain
     _, out = feed(s, [], late + 5 * S + int(CFG.backlog_settle_s * S) + 1)
     assert [d.command.action for d in out] == [CommandAction.MIGRATE]
     params = out[0].command.params
+    assert isinstance(params, MigrateParams)
     assert "node=b" in params.avoid_domains and params.reason == "node_silent"
