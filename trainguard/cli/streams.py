@@ -48,9 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--no-prompt", action="store_true",
                    help="decide process exits, must-drain XIDs and link downs only in "
                    "event-time order (after the lateness bound), not on arrival")
-    p.add_argument("--backlog-hold", action="store_true",
-                   help="hold a job's watermark while agents drain a spooled backlog after a "
-                   "shared outage (docs/rules.md, \"Backlog hold\"; off by default)")
+    p.add_argument("--no-backlog-hold", action="store_true",
+                   help="do not hold a job's watermark while agents drain a spooled backlog "
+                   "after a shared outage (docs/rules.md, \"Backlog hold\")")
     p.add_argument("--actuator-pubkeys", type=input_file, help="trusted actuator public keys: the "
                    "rules take binding epochs from the pool events they sign (default "
                    "$TRAINGUARD_ACTUATOR_PUBKEYS_FILE, else $TRAINGUARD_ACTUATOR_PUBKEYS; "
@@ -107,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
               f"{cfg.sasl_username or 'this client'}: {refused}", file=sys.stderr)
         return 2
     app = build_app(cfg, engine_factory(rules, prompt=not args.no_prompt,
-                                         backlog_hold=args.backlog_hold),
+                                         backlog_hold=not args.no_backlog_hold),
                     partitions=partitions, app_id=app_id,
                     datadir=args.data_dir or state_dir() / f"streams-{app_id}",
                     web_port=args.http_port, web_addr=args.http_addr,

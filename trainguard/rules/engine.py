@@ -66,9 +66,8 @@ SNAPSHOT_VERSION = 1
 # worker fetches its partitions together, so the first records of both inputs come within
 # moments of each other; 5 s covers a slow first fetch, and is all a job without telemetry
 # waits at its start.
-# The backlog hold (``ordering.py``; opt-in: ``streams --backlog-hold``; off by default, see
-# docs/rules.md: it delays a silence verdict after a shared outage while the prompt lane's
-# verdicts go on, and decide then acts on half the picture).
+# The backlog hold (``ordering.py``; the streams worker's default, ``--no-backlog-hold`` turns
+# it off; ``RuleEngine`` and replay leave it off: replay feeds in event-time order).
 # A record that waited ``BACKLOG_US`` or more in an agent's spool is a backlog (its agent was
 # cut off from the broker); the watermark then stands still until the newest arrival is
 # ``BACKLOG_HOLD_US`` past the last backlog record's (``ordering.py``, "Backlog hold"). 2 s:
@@ -309,7 +308,8 @@ def engine_factory(ruleset: RuleSet, *, prompt: bool = False,
                    backlog_hold: bool = False) -> EngineFactory:
     """The streams app's ``EngineFactory``: (job id, saved snapshot or None) -> engine.
     ``prompt``: discrete critical signals are decided on arrival (see the module doc);
-    ``backlog_hold``: the reorder buffer's backlog hold (``BACKLOG_US``; off by default)."""
+    ``backlog_hold``: the reorder buffer's backlog hold (``BACKLOG_US``; the streams CLI's
+    default)."""
 
     def make(job_id: str, saved: dict[str, Any] | None) -> RuleEngine:
         return RuleEngine(job_id, ruleset, saved, prompt=prompt, backlog_hold=backlog_hold)
