@@ -71,3 +71,14 @@ def test_a_stream_of_events_is_looked_at_no_more_often_than_the_shortest_interva
     finally:
         stop.set()
     assert took >= 5 * 0.05  # six looks, at least LOOK_MIN_S apart
+
+
+def test_wait_until_returns_when_the_events_satisfy_it_or_at_its_limit(tail: LogTail) -> None:
+    _later(tail, 0.1, 1)
+    _later(tail, 0.2, 2)
+    t0 = time.monotonic()
+    assert tail.wait_until(lambda events: len(events) >= 2, 5.0)
+    assert time.monotonic() - t0 < 1.0  # woken by the second event, not by a timer
+    t0 = time.monotonic()
+    assert not tail.wait_until(lambda events: len(events) >= 3, 0.3)
+    assert 0.25 < time.monotonic() - t0 < 1.0

@@ -110,31 +110,6 @@ STEADY_STEPS = 30
 VERDICT_LIMIT_S = 60.0
 
 
-class _Watch:
-    """The job's log as it arrives, and waits on it: for steady ranks, for a verdict."""
-
-    def __init__(self, cfg: KafkaConfig) -> None:
-        self.tail = LogTail(cfg, JOB)
-
-    def __enter__(self) -> _Watch:
-        self.tail.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.tail.stop()
-
-    def until(self, done: Callable[[list[Event]], bool], limit_s: float) -> bool:
-        deadline = time.monotonic() + limit_s
-        seen = 0
-        while True:
-            if done(self.tail.events()):
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            seen = self.tail.wait_for_news(seen, min(1.0, left))
-
-
 def _steady(events: list[Event]) -> bool:
     counts = Counter(e.payload.rank for e in events if isinstance(e.payload, StepReport))
     return len(counts) >= WORLD and min(counts.values()) >= STEADY_STEPS
@@ -151,25 +126,27 @@ def _verdict(kind: str, rank: int, since: int) -> Callable[[list[Event]], bool]:
 def _inject_faults(cfg: KafkaConfig, ranks: list[subprocess.Popen[bytes]], run: DemoRun,
                    say: Say, seconds: float) -> None:
     group = None
+    tail = LogTail(cfg, JOB)
+    tail.start()
     try:
-        with _Watch(cfg) as watch:
-            if not watch.until(_steady, 60.0):
-                say(f"[demo] not every rank made {STEADY_STEPS} steps in 60 s: injecting anyway")
-            time.sleep(seconds * 0.3)
-            group = _throttle(cfg, ranks[2], run, say)
-            if group is not None and not watch.until(
-                    _verdict("straggler", 2, run.injections[-1][1]), VERDICT_LIMIT_S):
-                say(f"[demo] no straggler verdict for rank 2 in {VERDICT_LIMIT_S:.0f} s")
-            time.sleep(seconds * 0.1)
-            at = now_us()
-            ranks[3].send_signal(signal.SIGKILL)
-            _injection(cfg, run, at, "worker-exit", "start", 3, {"signal": 9})
-            say("[demo] injected: rank 3 killed (SIGKILL)")
-            if not watch.until(_verdict("process_exit", 3, at), VERDICT_LIMIT_S):
-                say(f"[demo] no process_exit verdict for rank 3 in {VERDICT_LIMIT_S:.0f} s")
-            time.sleep(seconds * 0.1)
+        if not tail.wait_until(_steady, 60.0):
+            say(f"[demo] not every rank made {STEADY_STEPS} steps in 60 s: injecting anyway")
+        time.sleep(seconds * 0.3)
+        group = _throttle(cfg, ranks[2], run, say)
+        if group is not None and not tail.wait_until(
+                _verdict("straggler", 2, run.injections[-1][1]), VERDICT_LIMIT_S):
+            say(f"[demo] no straggler verdict for rank 2 in {VERDICT_LIMIT_S:.0f} s")
+        time.sleep(seconds * 0.1)
+        at = now_us()
+        ranks[3].send_signal(signal.SIGKILL)
+        _injection(cfg, run, at, "worker-exit", "start", 3, {"signal": 9})
+        say("[demo] injected: rank 3 killed (SIGKILL)")
+        if not tail.wait_until(_verdict("process_exit", 3, at), VERDICT_LIMIT_S):
+            say(f"[demo] no process_exit verdict for rank 3 in {VERDICT_LIMIT_S:.0f} s")
+        time.sleep(seconds * 0.1)
         run.injections.append(("end of run: the demo stops the job", now_us()))
     finally:
+        tail.stop()
         if group is not None:
             at = now_us()
             group.set_quota_pct(None)

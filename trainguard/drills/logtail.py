@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from trainguard.bus.config import KafkaConfig
@@ -74,6 +75,18 @@ class LogTail(threading.Thread):
             self._news.wait_for(lambda: len(self._events) > seen or self._halt.is_set(),
                                 timeout_s)
             return len(self._events)
+
+    def wait_until(self, done: Callable[[list[Event]], bool], limit_s: float) -> bool:
+        """Block until ``done`` holds for the events kept (checked again at each arrival, and
+        at least every second), or ``limit_s`` passed; whether it held."""
+        deadline = time.monotonic() + limit_s
+        seen = 0
+        while not done(self.events()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            seen = self.wait_for_news(seen, min(1.0, left))
+        return True
 
     def stop(self) -> None:
         self._halt.set()

@@ -96,9 +96,10 @@ class RuleEngine:
         self.job_id = job_id
         self.ruleset = ruleset
         self.prompt = prompt
-        hold = {"backlog_us": BACKLOG_US, "hold_us": BACKLOG_HOLD_US} if backlog_hold else {}
         self.buffer = ReorderBuffer(ruleset.allowed_lateness_us, LANE_IDLE_US,
-                                    tuple(lane.value for lane in LANES), LANE_EXPECT_US, **hold)
+                                    tuple(lane.value for lane in LANES), LANE_EXPECT_US,
+                                    backlog_us=BACKLOG_US if backlog_hold else 0,
+                                    hold_us=BACKLOG_HOLD_US)
         self.gate = EpochGate()
         self.rules: list[tuple[str, RuleBase]] = []
         self._digests = {spec.id: spec.digest() for spec in ruleset.rules}
