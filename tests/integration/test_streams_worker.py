@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from aiokafka import AIOKafkaConsumer
+
 from tests.integration.conftest import arun
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
@@ -20,7 +22,7 @@ from trainguard.events.clock import now_us
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeHealthKind, Verdict
 from trainguard.events.registry import URGENT_TYPES
-from trainguard.events.topics import TopicRole
+from trainguard.events.topics import TopicNames, TopicRole
 from trainguard.rules import RuleEngine, load_default_rules, synth
 from trainguard.rules.registry import EVALUATORS
 
@@ -53,14 +55,15 @@ def _expected(events: list[Event], *, copies_first: bool = False) -> dict[str, l
     return out
 
 
-def _worker(kafka: KafkaConfig, datadir: Path) -> subprocess.Popen[bytes]:
+def _worker(kafka: KafkaConfig, datadir: Path, *extra: str) -> subprocess.Popen[bytes]:
     # stderr to a file beside its data dir: a pipe nobody reads fills up (every dead letter is
     # logged) and then blocks the worker, which then misses its commit before a stop
     datadir.parent.mkdir(parents=True, exist_ok=True)
     with (datadir.parent / f"{datadir.name}.stderr").open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "trainguard.cli.main", "streams", "--bootstrap",
-             kafka.bootstrap, "--prefix", kafka.topic_prefix, "--data-dir", str(datadir)],
+             kafka.bootstrap, "--prefix", kafka.topic_prefix, "--data-dir", str(datadir),
+             *extra],
             stdout=subprocess.DEVNULL, stderr=log)
 
 
@@ -158,6 +161,50 @@ def test_verdicts_survive_a_killed_worker_exactly_once(kafka: KafkaConfig,
              if isinstance(v.payload, Verdict) and v.payload.state == "open"}
     assert ("job-slow", "straggler", 3) in kinds
     assert any(job == "job-dead" and rank == 5 for job, _kind, rank in kinds)
+
+
+async def _written(kafka: KafkaConfig, role: TopicRole, want: int, limit_s: float) -> int:
+    """How many records ``role`` holds, committed or not (read uncommitted), once ``want``
+    are there or ``limit_s`` has passed."""
+    reader = AIOKafkaConsumer(TopicNames(kafka.topic_prefix).name(role), **kafka.client_kwargs(),
+                              group_id=None, auto_offset_reset="earliest",
+                              isolation_level="read_uncommitted")
+    await reader.start()
+    n = 0
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_s
+        while n < want and loop.time() < deadline:
+            n += sum(len(rs) for rs in (await reader.getmany(timeout_ms=500)).values())
+        return n
+    finally:
+        await reader.stop()
+
+
+def test_verdicts_commit_with_their_source_offsets(kafka: KafkaConfig, tmp_path: Path) -> None:
+    """A verdict is written in the transaction that commits the offset of the record that
+    decided it: before that commit no read-committed consumer sees it, and a worker killed
+    before it leaves nothing behind; the next worker decides it again, once."""
+    events = _scenario()
+    want = sum(len(v) for v in _expected(events).values())
+    # no commit for ten minutes: neither by time nor by count
+    worker = _worker(kafka, tmp_path / "w1", "--commit-interval-s", "600",
+                     "--batch-size", str(10 * len(events)))
+    try:
+        arun(_publish(kafka, events))
+        written = arun(_written(kafka, TopicRole.VERDICTS, want, limit_s=90), timeout_s=120)
+        assert written >= want, f"the worker wrote {written} of {want} verdicts"
+        seen = arun(_verdicts(kafka, 1, limit_s=3), timeout_s=30)
+        assert seen == [], f"{len(seen)} verdicts visible before their commit"
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+    worker = _worker(kafka, tmp_path / "w2")
+    try:
+        got = arun(_verdicts(kafka, want, limit_s=120), timeout_s=150)
+    finally:
+        _stop(worker)
+    _assert_same_verdicts(got, events)  # the killed worker's verdicts were aborted
 
 
 def test_a_job_with_only_node_level_records_is_evaluated(kafka: KafkaConfig,

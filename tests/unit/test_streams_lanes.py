@@ -16,11 +16,13 @@ from trainguard.bus.headers import spooled_header
 from trainguard.events.codec import decode, encode, partition_key
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import Verdict
+from trainguard.events.topics import TopicNames, TopicRole
 from trainguard.rules import engine_factory, load_default_rules, synth
 from trainguard.streams.app import YIELD_EVERY, Lanes
 
 pytestmark = pytest.mark.unit
 JOB = "job-lanes"
+PREFIX = "tg"
 
 
 @dataclass
@@ -29,6 +31,18 @@ class Topic:
 
     async def send(self, *, key: bytes | None, value: bytes | None) -> None:
         self.sent.append((key, value))
+
+
+@dataclass
+class Sends:
+    """``Send`` into one ``Topic`` per name, each send's source message kept beside it."""
+    topics: dict[str, Topic] = field(default_factory=dict)
+    sources: list[tuple[str, Message]] = field(default_factory=list)
+
+    async def __call__(self, topic: str, key: bytes | None, value: bytes,
+                       source: Message) -> None:
+        await self.topics.setdefault(topic, Topic()).send(key=key, value=value)
+        self.sources.append((topic, source))
 
 
 @dataclass
@@ -59,9 +73,11 @@ def records(events: list[Event], topic: str) -> list[Record]:
 
 
 def lanes(*, backlog_hold: bool = False) -> tuple[Lanes, Topic, Topic, Table]:
-    verdicts, dlq, table = Topic(), Topic(), Table()
+    sends, names, table = Sends(), TopicNames(PREFIX), Table()
     factory = engine_factory(load_default_rules(), prompt=True, backlog_hold=backlog_hold)
-    return Lanes(factory, table, verdicts, dlq, None), verdicts, dlq, table
+    verdicts = sends.topics[names.name(TopicRole.VERDICTS)] = Topic()
+    dlq = sends.topics[names.name(TopicRole.DLQ)] = Topic()
+    return Lanes(factory, table, sends, names, None), verdicts, dlq, table
 
 
 def kinds(topic: Topic) -> list[tuple[str, str]]:
@@ -122,6 +138,13 @@ def test_a_record_on_the_urgent_topic_that_is_no_urgent_copy_is_dead_lettered() 
         ("streams.urgent", "type", 0), ("streams.urgent", letters[1].field, 9)]
     assert "not an urgent type" in letters[0].reason
     assert kinds(verdicts) == [("process_exit", "open")]  # the lane went on
+    # each send goes in the transaction of the record that caused it
+    sends = lane.send
+    assert isinstance(sends, Sends)
+    names = TopicNames(PREFIX)
+    assert [(t, m.offset) for t, m in sends.sources] == [
+        (names.name(TopicRole.DLQ), 0), (names.name(TopicRole.DLQ), 9),
+        (names.name(TopicRole.VERDICTS), 1)]
 
 
 def test_a_records_spool_wait_header_reaches_its_engine() -> None:

@@ -11,8 +11,9 @@ consumed batch; the events waiting in its reorder buffer are written once each, 
 (``state.py``), not re-serialised with every snapshot. A partitioner that hashes only the part
 of a key before the first NUL keeps a job's keys on the job's partition (plain keys hash
 exactly as Kafka's default). The app runs with ``processing_guarantee=exactly_once``: verdicts
-sent, table updates and consumed offsets commit together in one Kafka transaction, so a worker
-killed mid-run and started again resumes from the changelog and neither misses nor repeats a
+and dead letters (sent in the transaction of the record that caused them, ``sends.py``), table
+updates and consumed offsets commit together in one Kafka transaction, so a worker killed
+mid-run and started again resumes from the changelog and neither misses nor repeats a
 verdict.
 Windows are the engines' own, in event time (faust's windows close on the wall clock and
 drop late events, which would make live processing and replay disagree).
@@ -47,6 +48,7 @@ from trainguard.events.topics import TopicNames, TopicRole
 from trainguard.rules.engine import RULE_INPUTS
 from trainguard.streams.engine import EngineFactory, JobEngine
 from trainguard.streams.limits import BUFFER_RECORDS, FETCH_BYTES
+from trainguard.streams.sends import Send, TransactionalSend
 from trainguard.streams.state import JobStore, Recorded
 
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ URGENT_WITHIN_S = 0.005  # an urgent copy waits at most this long for others to 
 YIELD_EVERY = 32
 # the jobs a batch touched: engine, store, and the ids it had buffered when the batch began
 Touched: TypeAlias = dict[str, tuple[JobEngine, JobStore, set[str]]]
+# (key, value, the faust message it came from: its transaction carries the send)
+Out: TypeAlias = list[tuple[bytes, bytes, Any]]
 
 
 def job_partitioner(key: bytes | None, all_partitions: Sequence[int],
@@ -127,14 +131,12 @@ def build_app(
         value_serializer="raw",
     )
     raw = {"key_serializer": "raw", "value_serializer": "raw"}
-    verdicts = app.topic(names.name(TopicRole.VERDICTS), **raw)
-    dlq = app.topic(names.name(TopicRole.DLQ), **raw)
     # use_partitioner: a job's snapshot goes to the changelog partition its key hashes to,
     # the same partition the job's records are on, whatever event is current in a batch.
     state = app.Table("engine-state", default=None, partitions=partitions, key_type=bytes,
                       value_type=bytes, use_partitioner=True,
                       extra_topic_configs={"min.insync.replicas": str(cfg.min_insync_replicas)})
-    lanes = Lanes(engines, state, verdicts, dlq, check)
+    lanes = Lanes(engines, state, TransactionalSend(app), names, check)
     roles = [TopicRole.TASK, TopicRole.TELEMETRY] + ([TopicRole.OUTCOMES] if check else [])
 
     @app.agent(app.topic(*[names.name(r) for r in roles], **raw), name="evaluate")
@@ -175,12 +177,13 @@ class Lanes:
     doing nothing, and the record is read again after a restart): one that is not an event, or
     whose evaluation raises, is dead-lettered with the reason."""
 
-    def __init__(self, engines: EngineFactory, state: Any, verdicts: Any, dlq: Any,
+    def __init__(self, engines: EngineFactory, state: Any, send: Send, names: TopicNames,
                  check: Check | None) -> None:
         self.engines = engines
         self.state = state  # the faust table
-        self.verdicts = verdicts
-        self.dlq = dlq
+        self.send = send
+        self.verdicts = names.name(TopicRole.VERDICTS)
+        self.dlq = names.name(TopicRole.DLQ)
         self.check = check
         self.live: dict[str, tuple[JobEngine, JobStore]] = {}
         self.turn = asyncio.Lock()
@@ -198,7 +201,7 @@ class Lanes:
             async with self.turn:
                 touched: Touched = {}
                 raw: dict[str, bytes] = {}
-                out: list[tuple[bytes, bytes]] = []
+                out: Out = []
                 while i < len(batch):
                     await self._ordered(batch[i], touched, raw, out)
                     i += 1
@@ -216,7 +219,7 @@ class Lanes:
             self.waiting -= 1
         try:
             touched: Touched = {}
-            out: list[tuple[bytes, bytes]] = []
+            out: Out = []
             for ev in batch:
                 await self._urgent(ev, touched, out)
             await self._finish(touched, {}, out)
@@ -234,7 +237,7 @@ class Lanes:
         return seen[0]
 
     async def _ordered(self, ev: Any, touched: Touched, raw: dict[str, bytes],
-                       out: list[tuple[bytes, bytes]]) -> None:
+                       out: Out) -> None:
         try:
             event = decode(ev.value)
         except ContractError as err:
@@ -255,14 +258,14 @@ class Lanes:
             # the others
             raw[event.event_id] = ev.value
             key = event.job_id.encode()
-            decided = [(key, encode(v))
+            decided = [(key, encode(v), ev.message)
                        for v in engine.feed(event, spooled_us(ev.message.headers))]
         except Exception as exc:  # this record is poison: see the class doc
             await self._poison(exc, event, ev.message, "streams.evaluate")
             return
         out.extend(decided)
 
-    async def _urgent(self, ev: Any, touched: Touched, out: list[tuple[bytes, bytes]]) -> None:
+    async def _urgent(self, ev: Any, touched: Touched, out: Out) -> None:
         try:
             event = decode(ev.value)
         except ContractError as err:
@@ -275,14 +278,15 @@ class Lanes:
             return
         try:
             key = event.job_id.encode()
-            decided = [(key, encode(v)) for v in self._engine(event.job_id, touched).early(event)]
+            decided = [(key, encode(v), ev.message)
+                       for v in self._engine(event.job_id, touched).early(event)]
         except Exception as exc:  # poison, as in _ordered
             await self._poison(exc, event, ev.message, "streams.urgent")
             return
         out.extend(decided)
 
     async def _finish(self, touched: Touched, raw: dict[str, bytes],
-                      out: list[tuple[bytes, bytes]]) -> None:
+                      out: Out) -> None:
         # Everything a batch decided is sent, awaited, in the open transaction, before faust
         # acks the batch's events: a commit can never hold the batch's offsets without its
         # state. (Table assignments would go through faust's send-soon buffer, which an
@@ -290,8 +294,8 @@ class Lanes:
         # state.)
         for engine, store, before in touched.values():
             store.save(engine, before, raw)
-        for key, value in out:
-            await self.verdicts.send(key=key, value=value)
+        for key, value, source in out:
+            await self.send(self.verdicts, key, value, source)
         for key, change in self.table().take():
             await self.state.changelog_topic.send(key=key, value=change)
 
@@ -300,7 +304,7 @@ class Lanes:
                              offset=int(message.offset),
                              key=message.key, value=message.value or b"",
                              rejected_at=now_us(), consumer=consumer)
-        await self.dlq.send(key=message.key, value=letter.encode())
+        await self.send(self.dlq, message.key, letter.encode(), message)
 
     async def _poison(self, exc: Exception, event: Any, message: Any, consumer: str) -> None:
         log.error("streams: evaluating %s %s raised %s: %s; dead-lettered",
