@@ -16,9 +16,10 @@ from aiokafka import AIOKafkaConsumer
 from tests.integration.conftest import arun
 from trainguard.bus.config import KafkaConfig
 from trainguard.bus.consumer import EventConsumer
-from trainguard.bus.producer import EventProducer
+from trainguard.bus.producer import EventProducer, stamp_ingest
 from trainguard.events import decode, encode
 from trainguard.events.clock import now_us
+from trainguard.events.codec import partition_key
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeHealthKind, Verdict
 from trainguard.events.registry import URGENT_TYPES
@@ -53,6 +54,11 @@ def _expected(events: list[Event], *, copies_first: bool = False) -> dict[str, l
         decided = engine.early(ev) if copy else engine.feed(ev)
         out.setdefault(ev.job_id, []).extend(encode(v) for v in decided)
     return out
+
+
+def _no_commit_due(events: list[Event]) -> tuple[str, ...]:
+    """Worker options under which no commit falls due for ten minutes, by time or by count."""
+    return ("--commit-interval-s", "600", "--batch-size", str(10 * len(events)))
 
 
 def _worker(kafka: KafkaConfig, datadir: Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -163,6 +169,14 @@ def test_verdicts_survive_a_killed_worker_exactly_once(kafka: KafkaConfig,
     assert any(job == "job-dead" and rank == 5 for job, _kind, rank in kinds)
 
 
+async def _publish_log_only(kafka: KafkaConfig, events: list[Event]) -> None:
+    """As the agents publish, without the urgent copies (whose batches commit at once)."""
+    async with EventProducer(kafka) as producer:
+        for ev in events:
+            await producer.send_raw(producer.topic_for(ev), encode(stamp_ingest(ev, now_us())),
+                                    partition_key(ev))
+
+
 async def _written(kafka: KafkaConfig, role: TopicRole, want: int, limit_s: float) -> int:
     """How many records ``role`` holds, committed or not (read uncommitted), once ``want``
     are there or ``limit_s`` has passed."""
@@ -187,11 +201,10 @@ def test_verdicts_commit_with_their_source_offsets(kafka: KafkaConfig, tmp_path:
     before it leaves nothing behind; the next worker decides it again, once."""
     events = _scenario()
     want = sum(len(v) for v in _expected(events).values())
-    # no commit for ten minutes: neither by time nor by count
-    worker = _worker(kafka, tmp_path / "w1", "--commit-interval-s", "600",
-                     "--batch-size", str(10 * len(events)))
+    # no commit for ten minutes: neither by time nor by count, nor an urgent batch's
+    worker = _worker(kafka, tmp_path / "w1", *_no_commit_due(events))
     try:
-        arun(_publish(kafka, events))
+        arun(_publish_log_only(kafka, events))
         written = arun(_written(kafka, TopicRole.VERDICTS, want, limit_s=90), timeout_s=120)
         assert written >= want, f"the worker wrote {written} of {want} verdicts"
         seen = arun(_verdicts(kafka, 1, limit_s=3), timeout_s=30)
@@ -205,6 +218,21 @@ def test_verdicts_commit_with_their_source_offsets(kafka: KafkaConfig, tmp_path:
     finally:
         _stop(worker)
     _assert_same_verdicts(got, events)  # the killed worker's verdicts were aborted
+
+
+def test_an_urgent_batch_commits_at_once(kafka: KafkaConfig, tmp_path: Path) -> None:
+    """The urgent lane's verdict is readable without waiting for the commit interval: its
+    batch commits as soon as faust has acknowledged it (``streams/sends.py``, CommitSoon)."""
+    events = _scenario()
+    worker = _worker(kafka, tmp_path / "w1", *_no_commit_due(events))
+    try:
+        arun(_publish(kafka, events))  # with the exit's urgent copy
+        seen = arun(_verdicts(kafka, 1, limit_s=60), timeout_s=90)
+    finally:
+        _stop(worker)
+    exits = [v for v in seen if isinstance(v.payload, Verdict)
+             and v.payload.kind.value == "process_exit" and v.subject.rank == 5]
+    assert exits, f"no process_exit verdict readable within 60 s: {len(seen)} verdicts"
 
 
 def test_a_job_with_only_node_level_records_is_evaluated(kafka: KafkaConfig,

@@ -48,7 +48,7 @@ from trainguard.events.topics import TopicNames, TopicRole
 from trainguard.rules.engine import RULE_INPUTS
 from trainguard.streams.engine import EngineFactory, JobEngine
 from trainguard.streams.limits import BUFFER_RECORDS, FETCH_BYTES
-from trainguard.streams.sends import Send, TransactionalSend
+from trainguard.streams.sends import CommitSoon, Send, TransactionalSend
 from trainguard.streams.state import JobStore, Recorded
 
 log = logging.getLogger(__name__)
@@ -144,10 +144,13 @@ def build_app(
         async for batch in stream.take_events(batch_size, within=batch_within_s):
             await lanes.ordered_batch(batch)
 
+    prompt = CommitSoon(lambda: app.consumer.commit())
+
     @app.agent(app.topic(names.name(TopicRole.URGENT), **raw), name="urgent")
     async def urgent(stream: Any) -> None:
         async for batch in stream.take_events(batch_size, within=URGENT_WITHIN_S):
             await lanes.urgent_batch(batch)
+            prompt.request()  # its verdicts readable now, not at the next commit tick
 
     @app.on_rebalance_complete.connect
     async def forget(sender: Any, **kwargs: Any) -> None:
