@@ -676,3 +676,36 @@ def test_a_survivors_exit_read_from_a_backlog_waits_for_the_silence_that_explain
     params = out[0].command.params
     assert isinstance(params, MigrateParams)
     assert "node=b" in params.avoid_domains and params.reason == "node_silent"
+
+
+def test_a_refused_restart_is_decided_afresh_when_the_silence_that_explains_it_arrives() -> None:
+    """The survivors' exits read in time to miss the backlog hold (under 5 s late: CI's
+    2026-12-07 slurm-node-loss-broker-outage runs 20261207072301ff51 and 20261207100340e967):
+    decide moved survivor rank 0 alone, the actuator refused (the lost node, kept, cannot reach
+    the job's storage: nothing fenced), and every retry repeated that plan for ten minutes
+    while the lost node's silence sat open. Once the silence arrives, the retry comes a settle
+    later (not after its backoff) and is decided afresh: it moves the lost node's ranks, onto
+    no spare of that node, and covers the exits."""
+    s = two_nodes({"spare-a0": "a", "spare-a1": "a", "spare-b": "b"})
+    exits = [verdict("process_exit", r, 20 * S) for r in (0, 1)]
+    s, (first,) = settled(s, exits, 21 * S)
+    assert migrate(first).ranks == [0]  # the presumed cause: the earliest exit
+    s, out = _refused(s, first, 22 * S)
+    assert out == []
+    silence = verdict("node_silent", None, 8 * S, node="b")
+    s, out = feed(s, [silence], 25 * S)
+    assert out == []  # covered by the restart under way: no second command beside it
+    assert s.retries[JOB].due_at == 25 * S + int(CFG.settle_s * S)  # not its 5 s backoff
+    s, (again,) = feed(s, [], s.retries[JOB].due_at)
+    p = migrate(again)
+    assert isinstance(silence.payload, Verdict)
+    assert again.command.cause_verdict_ids == [silence.payload.verdict_id]
+    assert (p.reason, p.ranks, p.from_units, p.avoid_domains) == (
+        "node_silent", [2, 3], ["u2", "u3"], ["node=b"])
+    assert sorted(p.covered_verdicts) == sorted(
+        e.payload.verdict_id for e in exits if isinstance(e.payload, Verdict))
+    s, out = _refused(s, again, 30 * S)  # refused again: the same (new) plan, the budget on
+    s, (third,) = feed(s, [], s.retries[JOB].due_at)
+    assert migrate(third) == p and third.command.idempotency_key not in (
+        first.command.idempotency_key, again.command.idempotency_key)
+    assert s.pending[third.command.idempotency_key].retry_since == 22 * S

@@ -49,7 +49,10 @@ The ladder, lightest first:
   job's storage (outcome ``data.retry``): the same command is issued again after a backoff
   (``retry_backoff_s`` doubling up to ``retry_max_backoff_s``, a new idempotency key per
   attempt) until it is done, its verdict resolves, or ``retry_budget_s`` has passed since the
-  first refusal -> ``escalate``. Storage that comes back is used without a human.
+  first refusal -> ``escalate``. Storage that comes back is used without a human. A failure's
+  restart is decided afresh at its retry when a silence or a node-level failure opened since
+  it was planned (a silence comes last after a broker outage: the refused plan may have moved
+  a survivor and kept the lost node, whose storage the actuator could not reach).
 - restart-storm guard: ``storm_restarts`` restarts within ``storm_window_s`` without the job's
   checkpoint step moving -> ``escalate`` and stop acting on the job.
 
@@ -354,6 +357,10 @@ def _open_ladder(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfig
 
 def _hold_failure(s: PolicyState, ov: OpenVerdict, now_us: int, cfg: PolicyConfig,
                   out: list[Decision]) -> None:
+    waiting = s.retries.get(ov.job)
+    if waiting is not None and _late_failures(s, waiting.pending):
+        # the refused restart will be decided afresh with it: no need to wait out its backoff
+        waiting.due_at = min(waiting.due_at, now_us + int(cfg.settle_s * 1e6))
     if _stale(s, ov) or _restart_pending(s, ov.job):
         return  # a replica already replaced, or covered by the restart under way
     s.held.setdefault(ov.job, []).append(ov)
@@ -399,7 +406,8 @@ def _restart_pending(s: PolicyState, job: str) -> bool:
 
 
 def _decide_failure(s: PolicyState, job: str, held: list[OpenVerdict], now_us: int,
-                    cfg: PolicyConfig, out: list[Decision]) -> None:
+                    cfg: PolicyConfig, out: list[Decision], attempt: int = 0,
+                    retry_since: int | None = None) -> None:
     live = [ov for ov in held if ov.verdict_id in s.open and not _stale(s, ov)]
     if not live or job in s.stopped or _restart_pending(s, job):
         return
@@ -411,7 +419,7 @@ def _decide_failure(s: PolicyState, job: str, held: list[OpenVerdict], now_us: i
         # the rank's own code failed (an exit code, no signal): its unit is fine and a spare
         # would fail the same way; restart in place from the last valid checkpoint
         _issue(s, job, 3, cause.verdict_id, ResumeParams(rank=cause.rank, reason=cause.kind),
-               now_us, cfg, out)
+               now_us, cfg, out, attempt, retry_since)
         return
     bound = s.pool.bound(job)
     ranks: set[int] = set()
@@ -433,7 +441,8 @@ def _decide_failure(s: PolicyState, job: str, held: list[OpenVerdict], now_us: i
     avoid |= failed_domains(s.pool, failed, survivors)
     rank = cause.rank if cause.rank is not None else min(ranks)
     _migrate_or_escalate(s, job, rank, cause.verdict_id, cause.kind, 2, now_us, cfg, out,
-                         covered=covered, ranks=sorted(ranks), avoid=frozenset(avoid))
+                         covered=covered, ranks=sorted(ranks), avoid=frozenset(avoid),
+                         attempt=attempt, retry_since=retry_since)
 
 
 def _order(ov: OpenVerdict) -> tuple[int, str]:
@@ -470,7 +479,8 @@ def healthy_spares(s: PolicyState, job: str, avoid: frozenset[Domain]) -> list[U
 def _migrate_or_escalate(s: PolicyState, job: str, rank: int, cause: str, reason: str,
                          tier: int, now_us: int, cfg: PolicyConfig, out: list[Decision],
                          covered: list[str] | None = None, ranks: list[int] | None = None,
-                         avoid: frozenset[Domain] = frozenset()) -> str | None:
+                         avoid: frozenset[Domain] = frozenset(), attempt: int = 0,
+                         retry_since: int | None = None) -> str | None:
     moving = ranks or [rank]
     spares = healthy_spares(s, job, avoid)
     if len(spares) < len(moving):
@@ -491,7 +501,7 @@ def _migrate_or_escalate(s: PolicyState, job: str, rank: int, cause: str, reason
                            from_units=[bound[r].name if r in bound else None for r in moving],
                            avoid_domains=list(format_domains(avoid)),
                            covered_verdicts=list(covered or []))
-    return _issue(s, job, tier, cause, params, now_us, cfg, out)
+    return _issue(s, job, tier, cause, params, now_us, cfg, out, attempt, retry_since)
 
 
 def _next_tier(s: PolicyState, lad: Ladder, now_us: int, cfg: PolicyConfig,
@@ -574,15 +584,44 @@ def _retryable(pend: Pending, o: CommandOutcome) -> bool:
 
 def _retry(s: PolicyState, r: Retry, now_us: int, cfg: PolicyConfig,
            out: list[Decision]) -> None:
-    """Issue a refused restart again, unless its job stopped or its verdict resolved."""
+    """Issue a refused restart again, unless its job stopped or its verdict resolved; decided
+    afresh when a silence or a node-level failure opened since it was planned."""
     p = r.pending
     if p.job in s.stopped or p.cause not in s.open:
+        return
+    late = _late_failures(s, p)
+    if late:
+        planned = [s.open[v] for v in (p.cause, *_covered(p)) if v in s.open]
+        _decide_failure(s, p.job, planned + late, now_us, cfg, out, p.attempt + 1,
+                        p.retry_since)
         return
     key = _issue(s, p.job, p.tier, p.cause, p.params, now_us, cfg, out,
                  attempt=p.attempt + 1, retry_since=p.retry_since)
     for lad in s.ladders.values():
         if key is not None and lad.key == p.key:
             lad.key = key  # the ladder waits for this attempt now
+
+
+def _covered(p: Pending) -> list[str]:
+    return p.params.covered_verdicts if isinstance(p.params, MigrateParams) else []
+
+
+def _late_failures(s: PolicyState, p: Pending) -> list[OpenVerdict]:
+    """Failures a refused restart's plan could not know: silences and node-level verdicts
+    opened since (dropped meanwhile as covered by the restart under way). A silence is judged
+    by the absence of records, so after a broker outage it comes last, after the exits it
+    explains: the refused plan moved the wrong rank and kept one on the lost node (whose
+    storage the actuator could not reach: the refusal). Only for a restart a failure caused;
+    an exit that came meanwhile is covered by the retry as before."""
+    cause = s.open.get(p.cause)
+    if cause is None or cause.kind.verdict_class is not VerdictClass.FAILURE:
+        return []
+    named = {p.cause, *_covered(p)}
+    return sorted((ov for ov in s.open.values()
+                   if ov.job == p.job and ov.verdict_id not in named
+                   and ov.kind.verdict_class is VerdictClass.FAILURE
+                   and (ov.kind in SILENCE_KINDS or ov.rank is None) and not _stale(s, ov)),
+                  key=_order)
 
 
 # --- commands ------------------------------------------------------------------------------
