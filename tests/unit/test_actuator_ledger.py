@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,27 @@ def test_job_spec_placeholders_and_units() -> None:
     assert spec.unit("s").labels == {"reserved_for": "j"}
 
 
+def test_master_addr_is_rank_0s_units_address_at_each_launch() -> None:
+    units = [{"name": n, "rank": r, "address": f"10.0.0.{i + 1}"}
+             for i, (n, r) in enumerate([("u0", 0), ("u1", 1), ("s", None)])]
+    spec = parse_job_spec({**SPEC, "units": units,
+                           "command": ["w", "--master-addr", "{master_addr}", "--rank", "{rank}"]})
+    assert spec.master_addr({0: "u0", 1: "u1"}) == "10.0.0.1"
+    moved = spec.master_addr({0: "s", 1: "u1"})  # rank 0 migrated to the spare
+    assert moved == "10.0.0.3"
+    assert spec.argv(1, 2, 555, "u1", moved) == ["w", "--master-addr", "10.0.0.3", "--rank", "1"]
+    with pytest.raises(JobSpecError, match="rank 0's unit has no 'address'"):
+        spec.argv(1, 2, 555, "u1")
+    plain = parse_job_spec(SPEC)  # no {master_addr}: no address needed, none used
+    assert plain.master_addr({0: "u0"}) is None
+    assert plain.argv(0, 1, 7, "u0") == ["python", "-m", "w", "--rank", "0", "--port", "7"]
+
+
 @pytest.mark.parametrize(("change", "field"), [
+    ({"command": ["w", "{master_addr}"]}, "field 'units': {master_addr} in 'command' needs an "
+                                          "'address' on every unit (none on 'u0')"),
+    ({"units": [{"name": "u0", "rank": 0, "address": "a b"}, {"name": "u1", "rank": 1}]},
+     "field 'units[0].address': a host name or IP address (got 'a b')"),
     ({"world_size": 3}, "'units': ranks 0..2"),
     ({"command": []}, "'command'"),
     ({"grace_s": -1}, "'grace_s'"),
@@ -76,8 +97,7 @@ def test_job_spec_placeholders_and_units() -> None:
     ({"units": [{"name": "u0", "cpus": ["x"], "rank": 0}]}, "field 'units[0].cpus'"),
 ])
 def test_bad_job_spec_names_the_field(change: dict[str, object], field: str) -> None:
-    with pytest.raises(JobSpecError, match=field.replace("[", r"\[").replace("]", r"\]")
-                       .replace(".", r"\.")):
+    with pytest.raises(JobSpecError, match=re.escape(field)):
         parse_job_spec({**SPEC, **change})
 
 

@@ -185,10 +185,12 @@ class FakeBackend:
     def __init__(self) -> None:
         self.replicas: dict[int, Replica] = {}
         self.quotas: list[tuple[str, float | None]] = []
+        self.argvs: dict[tuple[int, int], list[str]] = {}  # (rank, epoch) -> its command
         self._pid = 4000
 
     def launch(self, job: JobSpec, unit: UnitSpec, rank: int, epoch: int, port: int,
-               command_id: str | None = None) -> Replica:
+               command_id: str | None = None, master_addr: str | None = None) -> Replica:
+        self.argvs[(rank, epoch)] = job.argv(rank, epoch, port, unit.name, master_addr)
         self._pid += 1
         rep = Replica(rank=rank, unit=unit.name, epoch=epoch, pid=self._pid, create_time=1.0)
         self.replicas[rank] = rep
@@ -297,6 +299,39 @@ def test_a_backend_without_quota_says_so_in_its_units_and_fails_raise_quota(
     assert units and all(not u.quota for u in units)
     done = _outcomes(bus)[-1]
     assert done.status is OutcomeStatus.FAILED and "sets no CPU quota" in done.detail
+
+
+def test_a_migration_of_rank_0_moves_where_every_rank_meets(tmp_path: Path) -> None:
+    """``{master_addr}`` follows rank 0: moved to the spare, every rank of the new epoch meets
+    at the spare's address (CI's 2026-12-07 slurm-rank-kill runs moved rank 0 to tgn4 and
+    relaunched every rank towards tgn1's fixed address: no rank ever joined)."""
+    bus = MemoryBus()
+    backend = FakeBackend()
+    job = JobSpec(job_id=JOB, world_size=2, node="n1",
+                  command=("w", "--master-addr", "{master_addr}", "--rank", "{rank}"),
+                  units=(UnitSpec("u0", (0,), 0, address="10.0.0.1"),
+                         UnitSpec("u1", (1,), 1, address="10.0.0.2"),
+                         UnitSpec("spare", (1,), None, address="10.0.0.3")),
+                  ckpt_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs")
+    opts = ActuatorOptions(job=job, key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True)
+    cmd = Command(command_id="cmd-m0", idempotency_key="k-m0", action=CommandAction.MIGRATE,
+                  tier=2, issued_at=now_us(), issued_by="trainguard-decide",
+                  params=MigrateParams(rank=0, resume=True, reason=VerdictKind.PROCESS_EXIT,
+                                       ranks=[0], from_unit="u0", from_units=["u0"]))
+    cmd = signing.sign(KEY, JOB, Subject(rank=0), cmd)
+
+    async def go() -> None:
+        await bus.publish([make_event(cmd, event_id="ev-migrate-0", job_id=JOB,
+                                      event_time=cmd.issued_at, source="test",
+                                      subject=Subject(rank=0))])
+        await run_until(Actuator(bus, opts, backend).run, lambda: len(_outcomes(bus)) >= 2)
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    assert _outcomes(bus)[-1].status is OutcomeStatus.DONE, _outcomes(bus)[-1].detail
+    meets = {key: argv[2] for key, argv in backend.argvs.items()}
+    assert meets == {(0, 1): "10.0.0.1", (1, 1): "10.0.0.1",
+                     (0, 2): "10.0.0.3", (1, 2): "10.0.0.3"}
 
 
 class SchedulerBackend(FakeBackend):

@@ -42,8 +42,10 @@ class Backend(Protocol):
     name any pid: a replica the backend cannot prove is its own is never signalled."""
 
     def launch(self, job: JobSpec, unit: UnitSpec, rank: int, epoch: int, port: int,
-               command_id: str | None = None) -> Replica:
-        """Start one replica; it is recorded durably before it may run."""
+               command_id: str | None = None, master_addr: str | None = None) -> Replica:
+        """Start one replica; it is recorded durably before it may run. ``port`` and
+        ``master_addr`` (rank 0's unit's address at this launch) fill the command's
+        ``{port}`` and ``{master_addr}``."""
         ...
 
     def fence(self, job: JobSpec, replica: Replica) -> Released:

@@ -202,10 +202,10 @@ class Executor:
             raise FenceError(f"ranks {live or running} still "
                              f"{'bound' if live else 'running'}: fence before launching")
         epoch = max(self.pool.job_epoch(self.job.job_id), self.backend.epoch(self.job)) + 1
-        port = free_port()
+        port, master = free_port(), self.job.master_addr(placement)
         for n, rank in enumerate(sorted(placement)):
             unit = self.job.unit(placement[rank])
-            rep = self.backend.launch(self.job, unit, rank, epoch, port, command_id)
+            rep = self.backend.launch(self.job, unit, rank, epoch, port, command_id, master)
             self.unit_event(unit.name, UnitState.BOUND, rank=rank, epoch=epoch, pid=rep.pid,
                             command_id=command_id, reason=reason,
                             resources={"cpus": list(unit.cpus), "create_time": rep.create_time,

@@ -17,7 +17,10 @@ units:
 ```
 
 Placeholders in ``command``: ``{job_id} {rank} {world_size} {port} {ckpt_dir} {epoch}
-{unit}``; ``{port}`` is a fresh free local port per launch of the process group. In ``env``
+{unit} {master_addr}``; ``{port}`` is a fresh free local port per launch of the process group;
+``{master_addr}`` is the ``address`` of the unit rank 0 is placed on at this launch (where the
+ranks meet: it moves with rank 0 when a migration moves rank 0), and needs an ``address`` on
+every unit (``- {name: tgn1, address: 10.0.0.11}``; a unit on another host). In ``env``
 values, ``{unit}`` (a node-local path per unit, e.g. ``/run/tg/{unit}/agent.sock`` where
 nodes share a file system); nothing else in them is expanded.
 """
@@ -38,6 +41,9 @@ from trainguard.events.envelope import JobId, Subject
 
 class JobSpecError(ValueError):
     pass
+
+
+MASTER_ADDR = "{master_addr}"
 
 
 _JOB_ID: TypeAdapter[str] = TypeAdapter(JobId)
@@ -70,6 +76,7 @@ class UnitSpec:
     cpus: tuple[int, ...]
     rank: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    address: str | None = None  # where the other ranks reach a rank on it ({master_addr})
 
 
 @dataclass(frozen=True)
@@ -96,9 +103,19 @@ class JobSpec:
         replaced by the unit's name (what the probe of a spare reads too)."""
         return {k: v.replace("{unit}", unit) for k, v in self.env.items()}
 
-    def argv(self, rank: int, epoch: int, port: int, unit: str) -> list[str]:
+    def master_addr(self, placement: Mapping[int, str]) -> str | None:
+        """``{master_addr}`` for a launch with ``placement`` (rank -> unit): the address of
+        rank 0's unit; None when it has none."""
+        return self.unit(placement[0]).address if 0 in placement else None
+
+    def argv(self, rank: int, epoch: int, port: int, unit: str,
+             master_addr: str | None = None) -> list[str]:
+        if master_addr is None and any(MASTER_ADDR in part for part in self.command):
+            raise JobSpecError(f"field 'command': {MASTER_ADDR}: rank 0's unit has no "
+                               "'address'")
         values = {"job_id": self.job_id, "rank": rank, "world_size": self.world_size,
-                  "port": port, "ckpt_dir": str(self.ckpt_dir), "epoch": epoch, "unit": unit}
+                  "port": port, "ckpt_dir": str(self.ckpt_dir), "epoch": epoch, "unit": unit,
+                  "master_addr": master_addr}
         try:
             return [part.format(**values) for part in self.command]
         except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
@@ -144,6 +161,10 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
     names = [u.name for u in units]
     if len(set(names)) != len(names):
         raise JobSpecError(f"{where}: field 'units': unit names must be unique ({names})")
+    no_address = [u.name for u in units if u.address is None]
+    if no_address and any(MASTER_ADDR in part for part in command):
+        raise JobSpecError(f"{where}: field 'units': {MASTER_ADDR} in 'command' needs an "
+                           f"'address' on every unit (none on {no_address[0]!r})")
     ranks = sorted(u.rank for u in units if u.rank is not None)
     if ranks != list(range(world)):
         raise JobSpecError(f"{where}: field 'units': ranks 0..{world - 1} must each start on "
@@ -177,7 +198,7 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
                    grace_s=float(grace), env=dict(env),
                    log_dir=Path(log_dir) if log_dir else None)
     try:  # a placeholder that cannot be filled fails now, not at the first launch
-        spec.argv(0, 0, 1, units[0].name)
+        spec.argv(0, 0, 1, units[0].name, units[0].address)
     except JobSpecError as exc:
         raise JobSpecError(f"{where}: {exc}") from None
     return spec
@@ -204,7 +225,12 @@ def _unit(doc: Any, i: int, where: str) -> UnitSpec:
             isinstance(v, str | int | float) and not isinstance(v, bool)
             for v in labels.values()):
         raise JobSpecError(f"{here}.labels': a mapping of strings (got {show(labels)})")
-    return UnitSpec(name, tuple(cpus), rank, {str(k): str(v) for k, v in labels.items()})
+    address = doc.get("address")
+    if address is not None and (not isinstance(address, str) or not address
+                                or any(c.isspace() or c == "\0" for c in address)):
+        raise JobSpecError(f"{here}.address': a host name or IP address (got {show(address)})")
+    return UnitSpec(name, tuple(cpus), rank, {str(k): str(v) for k, v in labels.items()},
+                    address)
 
 
 # torch._dynamo: DistributedDataParallel imports the compiler stack (dynamo, inductor, sympy;

@@ -76,8 +76,8 @@ class LocalBackend:
         return cgroups.create(f"{job.job_id}-{unit.name}")
 
     def launch(self, job: JobSpec, unit: UnitSpec, rank: int, epoch: int, port: int,
-               command_id: str | None = None) -> Replica:
-        argv = job.argv(rank, epoch, port, unit.name)
+               command_id: str | None = None, master_addr: str | None = None) -> Replica:
+        argv = job.argv(rank, epoch, port, unit.name, master_addr)
         if argv[0] == "python":
             argv[0] = sys.executable
         inherited = {k: v for k, v in os.environ.items() if not k.startswith(SECRET_ENV)}

@@ -121,9 +121,9 @@ class SlurmBackend:
     # --- acting --------------------------------------------------------------------------
 
     def launch(self, job: JobSpec, unit: UnitSpec, rank: int, epoch: int, port: int,
-               command_id: str | None = None) -> Replica:
+               command_id: str | None = None, master_addr: str | None = None) -> Replica:
         name = step_name(job.job_id, rank, epoch)
-        argv = job.argv(rank, epoch, port, unit.name)
+        argv = job.argv(rank, epoch, port, unit.name, master_addr)
         env = {k: v for k, v in self.cli.env.items() if not k.startswith(SECRET_ENV)}
         env.update({**job.env_for(unit.name), "TRAINGUARD_JOB_ID": job.job_id,
                     "TRAINGUARD_RANK": str(rank), "TRAINGUARD_WORLD_SIZE": str(job.world_size),

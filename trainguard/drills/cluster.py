@@ -5,7 +5,8 @@ per scenario, and the job the slurm backend launches there.
 The job is the reference workload (``trainguard.workload.ddp``), one rank per node, each rank a
 Slurm step the actuator (``--backend slurm``) starts with ``srun``; the step runs in its node's
 namespace, reports through its own node's agent (``TRAINGUARD_AGENT_SOCKET`` set per node), and
-meets its peers over the namespace network (gloo on ``eth0``, rank 0's node address as master).
+meets its peers over the namespace network (gloo on ``eth0``; as master the address of the
+node rank 0 is placed on at each launch: ``{master_addr}``).
 The checkpoint directory is a plain directory of the cluster's shared one, which every node
 sees, as every node sees the job's reliable storage in production (not the local drills' loop
 file system: ``slurmd`` runs under ``ip netns exec``, in a mount namespace of its own, and a
@@ -24,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainguard.actuators.jobspec import MASTER_ADDR
 from trainguard.actuators.journal import Journal
 from trainguard.actuators.slurm_cli import SlurmCli, SlurmCliError
 from trainguard.actuators.slurm_steps import released, step_record_of
@@ -48,7 +50,9 @@ class ClusterJob(DrillJob):
     spares: int = 1
     nodes: tuple[str, ...] = ("tgn1", "tgn2", "tgn3")
     spare_nodes: tuple[str, ...] = ("tgn4",)
-    master_addr: str = "10.252.0.11"  # rank 0's node (tgn1)
+    # node -> its address on the bridge: a unit's ``address``; the ranks meet at rank 0's
+    # (``{master_addr}``), wherever a migration has put it
+    addresses: Mapping[str, str] = field(default_factory=dict)
     agents_root: str = ""  # <cluster>/agents: each node's step socket is <root>/<node>/agent.sock
     alloc: int = 0  # the scenario's Slurm allocation
     conf: str = ""  # SLURM_CONF
@@ -58,7 +62,7 @@ class ClusterJob(DrillJob):
     def to_dict(self) -> dict[str, Any]:
         """What the job computes (the baseline's key): not where it ran."""
         d = asdict(self)
-        for k in ("agents_root", "alloc", "conf", "cluster_root", "extra", "master_addr"):
+        for k in ("agents_root", "alloc", "conf", "cluster_root", "extra", "addresses"):
             d.pop(k)
         d["stack"] = "slurm"
         return d
@@ -69,6 +73,9 @@ class ClusterJob(DrillJob):
             for r, n in enumerate(self.nodes[:self.world])]
         out += [{"name": n, "cpus": [], "labels": {NODE_LABEL: n, "rack": "r1"}}
                 for n in self.spare_nodes[:self.spares]]
+        for u in out:
+            if u["name"] in self.addresses:
+                u["address"] = self.addresses[u["name"]]
         return out
 
     def spec(self, job_id: str, ckpt_dir: Path, run_dir: Path, node: str,
@@ -76,7 +83,7 @@ class ClusterJob(DrillJob):
         """The slurm backend's job spec: units are the allocation's nodes; each rank's step
         reports to its own node's agent."""
         command = self.workload_argv(progress_dir=run_dir / "progress", python=sys.executable,
-                                     master_addr=self.master_addr)
+                                     master_addr=MASTER_ADDR)
         return {"job_id": job_id, "world_size": self.world, "node": "slurm-head",
                 "ckpt_dir": str(ckpt_dir), "grace_s": 3, "command": command,
                 "env": {**THREADS, "GLOO_SOCKET_IFNAME": "eth0",
@@ -163,7 +170,7 @@ class ClusterSite:
         return ClusterJob(**{**{k: getattr(b, k) for k in DrillJob.__dataclass_fields__},
                              "nodes": tuple(names[:SPEC.nodes]),
                              "spare_nodes": tuple(names[SPEC.nodes:]),
-                             "master_addr": info.nodes[0].address,
+                             "addresses": {n.name: n.address for n in info.nodes},
                              "agents_root": str(self.cluster.root / "agents"),
                              "alloc": alloc, "conf": info.conf,
                              "cluster_root": str(self.cluster.root)})
