@@ -3,7 +3,8 @@ node): the reference workload's ranks launched as Slurm steps by the actuator's 
 streams, decide and the incident service on the cluster's broker. In one run (one cluster):
 `slurm-node-loss` (tgn2's link down, slurmd, agent and rank killed), `slurm-rank-kill` (rank 1
 SIGKILLed on a healthy node), `slurm-partition` (tgn2 cut off with everything on it running),
-`slurm-node-loss-broker-outage` (tgn2 lost while the broker is stopped for 20 s).
+`slurm-node-loss-broker-outage` (tgn2 lost while the broker is stopped for 20 s),
+`slurm-master-node-loss` (tgn1 lost: rank 0's node, where the ranks meet).
 Each must conclude "recovered automatically", backed by the four questions, progress
 continuous from the checkpoint, the old step gone in Slurm's own view, the spare bound;
 `verify` reproduces them; nothing of the cluster is left. Minutes; needs root, slurm-wlm and
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.drill
 SCENARIOS = {"slurm-node-loss": ("node_silent", "tgn2"),
              "slurm-rank-kill": ("process_exit", None),
              "slurm-partition": ("node_silent", "tgn2"),
-             "slurm-node-loss-broker-outage": ("node_silent", "tgn2")}
+             "slurm-node-loss-broker-outage": ("node_silent", "tgn2"),
+             "slurm-master-node-loss": ("node_silent", "tgn1")}
 
 
 @pytest.fixture(scope="module")
