@@ -103,6 +103,11 @@ class JobSpec:
         replaced by the unit's name (what the probe of a spare reads too)."""
         return {k: v.replace("{unit}", unit) for k, v in self.env.items()}
 
+    @property
+    def meets_at_master_addr(self) -> bool:
+        """Does the command use ``{master_addr}`` (so every unit needs an ``address``)?"""
+        return any(MASTER_ADDR in part for part in self.command)
+
     def master_addr(self, placement: Mapping[int, str]) -> str | None:
         """``{master_addr}`` for a launch with ``placement`` (rank -> unit): the address of
         rank 0's unit; None when it has none."""
@@ -110,7 +115,7 @@ class JobSpec:
 
     def argv(self, rank: int, epoch: int, port: int, unit: str,
              master_addr: str | None = None) -> list[str]:
-        if master_addr is None and any(MASTER_ADDR in part for part in self.command):
+        if master_addr is None and self.meets_at_master_addr:
             raise JobSpecError(f"field 'command': {MASTER_ADDR}: rank 0's unit has no "
                                "'address'")
         values = {"job_id": self.job_id, "rank": rank, "world_size": self.world_size,
@@ -161,10 +166,6 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
     names = [u.name for u in units]
     if len(set(names)) != len(names):
         raise JobSpecError(f"{where}: field 'units': unit names must be unique ({names})")
-    no_address = [u.name for u in units if u.address is None]
-    if no_address and any(MASTER_ADDR in part for part in command):
-        raise JobSpecError(f"{where}: field 'units': {MASTER_ADDR} in 'command' needs an "
-                           f"'address' on every unit (none on {no_address[0]!r})")
     ranks = sorted(u.rank for u in units if u.rank is not None)
     if ranks != list(range(world)):
         raise JobSpecError(f"{where}: field 'units': ranks 0..{world - 1} must each start on "
@@ -197,6 +198,10 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
                    preload=tuple(preload), ckpt_dir=Path(ckpt_dir), node=node,
                    grace_s=float(grace), env=dict(env),
                    log_dir=Path(log_dir) if log_dir else None)
+    no_address = [u.name for u in units if u.address is None]
+    if no_address and spec.meets_at_master_addr:
+        raise JobSpecError(f"{where}: field 'units': {MASTER_ADDR} in 'command' needs an "
+                           f"'address' on every unit (none on {no_address[0]!r})")
     try:  # a placeholder that cannot be filled fails now, not at the first launch
         spec.argv(0, 0, 1, units[0].name, units[0].address)
     except JobSpecError as exc:
