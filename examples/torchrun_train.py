@@ -78,6 +78,7 @@ def main() -> int:
             ckpt.save(step, loop.samples, ddp, optimizer)  # trainguard
             loop.data()  # trainguard
     loop.flush()  # trainguard: the last step's figures (on CUDA they wait for the device)
+    tg.leaving(0, "completed")  # trainguard: this exit is the end, no fault
     tg.close()  # trainguard
     dist.destroy_process_group()
     return 0

@@ -33,6 +33,16 @@ next ``section()``), and so do ``close()`` and ``end_section()``.
 ``checkpoint()`` sends one checkpoint record (written, verified, corrupt, loaded) for the
 agent to publish as a ``checkpoint`` event; ``trainguard_sdk.checkpoint`` calls it.
 
+``leaving(code, cause, reason)`` says, once, that the rank is about to end and why: the agent
+attaches it to the rank's ``process.exit`` (under Slurm or torchrun the agent is not the rank's
+parent and cannot read the exit status). Say ``leaving(0, "completed")`` when training ended;
+an uncaught exception says it by itself: the first reporter installs a ``sys.excepthook``
+(chained to the one before it) that sends ``leaving(1, cause_of(exc), ...)`` for every live
+reporter, ``peer_lost`` when the exception is a collective failing because a peer went away
+(``trainguard_sdk.departure``); so does an exception (or ``sys.exit(n)``: n) leaving a
+``with StepReporter(...)`` block. A rank killed by a signal says nothing: that silence is the
+evidence that points at it.
+
 Pass plain numbers: a tensor would be converted with ``float()``, which synchronises the
 device (``loss.item()`` costs the same, but visibly). ``step()`` is not thread-safe against
 itself: call it from the training loop's thread. After ``fork`` the child reports its own pid,
@@ -47,6 +57,7 @@ from __future__ import annotations
 import atexit
 import errno
 import os
+import sys
 import threading
 import time
 import weakref
@@ -55,6 +66,7 @@ from types import TracebackType
 from typing import Final
 
 from trainguard_sdk import wire
+from trainguard_sdk.departure import cause_of, one_line, reason_of
 from trainguard_sdk.link import Link
 from trainguard_sdk.paths import default_socket_path
 
@@ -117,6 +129,7 @@ class StepReporter:
         self._seen: tuple[wire.Section, bytes, int] | None = None  # one reference, whole
         self.heartbeat_interval_s = heartbeat_interval_s
         self._closed = False
+        self._departed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         ref = weakref.ref(self)
@@ -129,6 +142,7 @@ class StepReporter:
         self._at_exit = at_exit
         atexit.register(at_exit)
         _LIVE.add(self)
+        _install_excepthook()
         if heartbeat_interval_s is not None:
             self._thread = threading.Thread(
                 target=self._beat, args=(heartbeat_interval_s,),
@@ -266,15 +280,27 @@ class StepReporter:
         except Exception:  # a value the wire refuses: counted, never raised
             self.invalid += 1
             return False
-        link = self._link
-        for attempt in range(CHECKPOINT_RETRIES + 1):
-            if link.send(data):
-                return True
-            if link.last_errno not in _RETRY_ERRNOS or attempt == CHECKPOINT_RETRIES:
-                return False
-            link.dropped -= 1  # this attempt is retried, not dropped
-            time.sleep(CHECKPOINT_RETRY_S)
-        return False  # pragma: no cover - the loop always returns
+        return self._send_rare(data)
+
+    def leaving(self, exit_code: int, cause: str = "error", reason: str | None = None) -> bool:
+        """Say that this rank is about to end with ``exit_code`` (0..255) and why: ``cause``
+        one of "completed", "peer_lost" (a collective failed because another rank was lost),
+        "error" (its own failure); ``reason`` goes on one line, cut to 500 characters. Once
+        per reporter: later calls return False. Never raises; True if the datagram went to the
+        agent (retried like ``checkpoint()``)."""
+        if self._departed or self._closed or os.getpid() != self.pid:
+            return False
+        self._departed = True
+        try:
+            data = wire.encode_departure(wire.DepartureFrame(
+                job_id=self.job_id, event_time=_time_ns() // 1000, rank=self.rank,
+                cause=cause,  # type: ignore[arg-type]  # checked by the encoder
+                exit_code=exit_code, reason=None if reason is None else one_line(reason),
+                binding_epoch=self.binding_epoch, pid=self.pid))
+        except Exception:  # a value the wire refuses: counted, never raised
+            self.invalid += 1
+            return False
+        return self._send_rare(data)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -302,11 +328,28 @@ class StepReporter:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        """An exception leaving the block (it will end the rank, and the excepthook would
+        find this reporter closed) is said as the rank's departure first."""
+        if exc is not None:
+            _depart(self, exc)
         self.close()
 
     # -- internals --------------------------------------------------------------------------
 
     _forked_from: int | None = None
+
+    def _send_rare(self, data: bytes) -> bool:
+        """Send a rare record (checkpoint, departure): a full agent queue is retried for up
+        to ~10 ms (``CHECKPOINT_RETRIES``), because such a record is recovery evidence."""
+        link = self._link
+        for attempt in range(CHECKPOINT_RETRIES + 1):
+            if link.send(data):
+                return True
+            if link.last_errno not in _RETRY_ERRNOS or attempt == CHECKPOINT_RETRIES:
+                return False
+            link.dropped -= 1  # this attempt is retried, not dropped
+            time.sleep(CHECKPOINT_RETRY_S)
+        return False  # pragma: no cover - the loop always returns
 
     def _identity(self) -> tuple[bytearray, int]:
         return wire.step_identity(self._job, self.pid, self.rank, self.world_size, self.dp_rank,
@@ -371,6 +414,42 @@ class StepReporter:
 def _after_fork() -> None:
     for reporter in list(_LIVE):
         reporter._after_fork_in_child()
+
+
+def _depart(reporter: StepReporter, exc: BaseException) -> None:
+    """Say the departure ``exc`` makes: ``sys.exit(n)`` leaves with n ("completed" for 0),
+    another exception with 1 (``cause_of``); Ctrl-C says nothing."""
+    if isinstance(exc, KeyboardInterrupt):
+        return
+    if isinstance(exc, SystemExit):
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        reporter.leaving(code & 0xFF, "completed" if code == 0 else "error",
+                         f"exit({exc.code!r})")
+        return
+    reporter.leaving(1, cause_of(exc), reason_of(exc))
+
+
+_hooked: list[bool] = []
+
+
+def _install_excepthook() -> None:
+    """Once per process: chain ``sys.excepthook`` so that an uncaught exception makes every
+    live reporter say why the rank is leaving before the traceback is printed."""
+    if _hooked:
+        return
+    _hooked.append(True)
+    previous = sys.excepthook
+
+    def hook(tp: type[BaseException], value: BaseException,
+             tb: TracebackType | None) -> None:
+        try:
+            for reporter in list(_LIVE):
+                _depart(reporter, value)
+        except Exception:  # pragma: no cover - never in the way of the traceback
+            pass
+        previous(tp, value, tb)
+
+    sys.excepthook = hook
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -10,7 +10,7 @@ Header (6 bytes)::
     off size  field
     0   2     magic      b"TG"
     2   1     version    1, or 2 for a heartbeat with a section (below)
-    3   1     kind       1 = step report, 2 = heartbeat, 3 = checkpoint
+    3   1     kind       1 = step report, 2 = heartbeat, 3 = checkpoint, 4 = departure
     4   1     job_len    1..128 (bytes of the trailing job id)
     5   1     reserved   0
 
@@ -74,6 +74,25 @@ Checkpoint body (92 bytes + path + reason; datagram = 98 + path_len + reason_len
                               is not UTF-8 is malformed (``bad_text``)
     98  ...    path, then reason, then the job id
 
+Departure body (24 bytes + reason; datagram = 30 + reason_len + job_len)::
+
+    6   4  u32 pid            0 = unknown
+    10  4  u32 rank
+    14  4  u32 binding_epoch
+    18  1  u8  cause          index into DEPARTURE_CAUSES: "completed" (the training ended),
+                              "peer_lost" (a collective failed because another rank was
+                              lost: a consequence), "error" (the rank's own failure)
+    19  1  u8  exit_code      the code the process is leaving with (0..255)
+    20  8  u64 event_time_ns
+    28  2  u16 reason_len     0..MAX_REASON_BYTES, UTF-8 bytes (0 = no reason)
+    30  ...    reason, then the job id
+
+A departure is what a rank says just before it ends (``StepReporter.leaving``): the agent
+attaches it to the rank's ``process.exit``. Under a launcher that is the rank's parent
+(slurmstepd, torchrun's agent) the node agent cannot read the exit status, and a rank killed
+by a signal says nothing, so an exit with no status and no departure is the presumed cause
+among exits that said they lost a peer.
+
 Checkpoint records are rare (a few per checkpoint), so they are encoded from a frame
 (``encode_checkpoint``) rather than packed in place, and they may be larger than the other
 kinds: ``MAX_DATAGRAM`` covers the largest one.
@@ -96,9 +115,9 @@ version 1 still takes every step and checkpoint report and counts only heartbeat
 
 Version rules. A new field in an existing kind means a new version: receivers accept every
 version they know and count the others as ``bad_version``. A new *kind* is additive within a
-version (kind 3, checkpoint, came after 1 and 2 in version 1): a receiver that predates it
-counts such datagrams as ``bad_kind`` and keeps the reports around them, so a newer trainer
-never breaks an older agent; it only loses the new kind's records there.
+version (kinds 3, checkpoint, and 4, departure, came after 1 and 2 in version 1): a receiver
+that predates it counts such datagrams as ``bad_kind`` and keeps the reports around them, so a
+newer trainer never breaks an older agent; it only loses the new kind's records there.
 
 Why a struct and not JSON: packing the variable part is one ``pack_into`` call into a held
 buffer (no allocation, ~0.4-0.8 µs on the 2-core dev VM), against building a dict and
@@ -121,6 +140,7 @@ VERSIONS: Final = frozenset({1, 2})
 KIND_STEP: Final = 1
 KIND_HEARTBEAT: Final = 2
 KIND_CHECKPOINT: Final = 3
+KIND_DEPARTURE: Final = 4
 MAX_JOB_LEN: Final = 128
 MAX_PATH_BYTES: Final = 1024
 MAX_REASON_BYTES: Final = 1024
@@ -169,6 +189,8 @@ HEARTBEAT_FIXED: Final = HEARTBEAT2.size
 # header .. event_time_ns, then the digest, then the two lengths
 CHECKPOINT: Final = struct.Struct("<2sBBBBIIIHBBQQQdQ32sHH")
 CHECKPOINT_FIXED: Final = CHECKPOINT.size
+DEPARTURE: Final = struct.Struct("<2sBBBBIIIBBQH")  # header .. event_time_ns, reason_len
+DEPARTURE_FIXED: Final = DEPARTURE.size
 
 # Step presence flags.
 STEP_DP_RANK: Final = 1 << 0
@@ -197,6 +219,11 @@ CHECKPOINT_ACTIONS: Final[tuple[CheckpointAction, ...]] = (
     "written", "verified", "corrupt", "loaded")
 CHECKPOINT_ACTION_INDEX: Final[dict[str, int]] = {
     a: i for i, a in enumerate(CHECKPOINT_ACTIONS)}
+# Wire order of a departure's cause (the contract's DepartureCause; a unit test keeps the two
+# equal): the index is what travels.
+DepartureCause = Literal["completed", "peer_lost", "error"]
+DEPARTURE_CAUSES: Final[tuple[DepartureCause, ...]] = ("completed", "peer_lost", "error")
+DEPARTURE_CAUSE_INDEX: Final[dict[str, int]] = {c: i for i, c in enumerate(DEPARTURE_CAUSES)}
 _SHA256_RE: Final = re.compile(r"^[0-9a-f]{64}$")
 
 Bytes = Union[bytes, bytearray, memoryview]
@@ -261,7 +288,19 @@ class CheckpointFrame:
     pid: int | None = None
 
 
-Frame = Union[StepFrame, HeartbeatFrame, CheckpointFrame]
+@dataclass(frozen=True)
+class DepartureFrame:
+    job_id: str
+    event_time: int
+    rank: int
+    cause: DepartureCause
+    exit_code: int
+    reason: str | None = None
+    binding_epoch: int = 0
+    pid: int | None = None
+
+
+Frame = Union[StepFrame, HeartbeatFrame, CheckpointFrame, DepartureFrame]
 
 
 def check_job_id(job_id: str) -> bytes:
@@ -374,9 +413,7 @@ def encode_checkpoint(f: CheckpointFrame) -> bytes:
     path = f.path.encode("utf-8", "replace")  # an undecodable file name: "?" for its bytes
     if not 1 <= len(path) <= MAX_PATH_BYTES:
         raise ValueError(f"path: 1..{MAX_PATH_BYTES} UTF-8 bytes, got {len(path)}")
-    reason = b"" if not f.reason else f.reason.encode("utf-8", "replace")
-    if len(reason) > MAX_REASON_BYTES:
-        reason = reason[:MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    reason = _reason_bytes(f.reason)
     flags = 0
     digest = bytes(32)
     if f.sha256 is not None:
@@ -400,6 +437,34 @@ def encode_checkpoint(f: CheckpointFrame) -> bytes:
     return head + path + reason + job
 
 
+def encode_departure(f: DepartureFrame) -> bytes:
+    """A departure datagram; ValueError naming the field that does not fit. A reason longer
+    than ``MAX_REASON_BYTES`` is cut (at a character boundary), not refused."""
+    job = check_job_id(f.job_id)
+    if f.cause not in DEPARTURE_CAUSE_INDEX:
+        raise ValueError(f"cause {f.cause!r}: one of {DEPARTURE_CAUSES}")
+    code = f.exit_code
+    if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+        raise ValueError(f"exit_code: an int in 0..255, got {code!r}")
+    reason = _reason_bytes(f.reason)
+    try:
+        head = DEPARTURE.pack(
+            MAGIC, VERSION, KIND_DEPARTURE, len(job), 0, check_u32("pid", f.pid),
+            check_u32("rank", f.rank), check_u32("binding_epoch", f.binding_epoch),
+            DEPARTURE_CAUSE_INDEX[f.cause], code, f.event_time * 1000, len(reason))
+    except struct.error as exc:
+        raise ValueError(str(exc)) from None
+    return head + reason + job
+
+
+def _reason_bytes(reason: str | None) -> bytes:
+    """A reason's wire bytes, cut to ``MAX_REASON_BYTES`` at a character boundary."""
+    out = b"" if not reason else reason.encode("utf-8", "replace")
+    if len(out) > MAX_REASON_BYTES:
+        out = out[:MAX_REASON_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    return out
+
+
 def _f(value: float | None) -> float:
     return 0.0 if value is None else value
 
@@ -420,6 +485,8 @@ def decode(data: Bytes) -> Frame:
         fixed = HEARTBEAT_FIXED if version == 2 else HEARTBEAT_V1_FIXED
     elif kind == KIND_CHECKPOINT:
         return _decode_checkpoint(data, n, job_len)
+    elif kind == KIND_DEPARTURE:
+        return _decode_departure(data, n, job_len)
     else:
         raise WireError("bad_kind", str(kind))
     if n != fixed + job_len:
@@ -514,3 +581,24 @@ def _decode_checkpoint(data: Bytes, n: int, job_len: int) -> CheckpointFrame:
         size_bytes=size if flags & CK_SIZE else None,
         write_ms=write_ms if flags & CK_WRITE_MS else None,
         reason=reason if reason_len else None, binding_epoch=epoch, pid=pid or None)
+
+
+def _decode_departure(data: Bytes, n: int, job_len: int) -> DepartureFrame:
+    if n < DEPARTURE_FIXED:
+        raise WireError("bad_length", f"{n} bytes for a departure")
+    (_, _, _, _, _, pid, rank, epoch, cause, code, event_time,
+     reason_len) = DEPARTURE.unpack_from(data, 0)
+    if n != DEPARTURE_FIXED + reason_len + job_len or reason_len > MAX_REASON_BYTES:
+        raise WireError("bad_length", f"{n} bytes for a departure with reason_len "
+                                      f"{reason_len}, job_len {job_len}")
+    if cause >= len(DEPARTURE_CAUSES):
+        raise WireError("bad_cause", str(cause))
+    try:
+        reason = bytes(data[DEPARTURE_FIXED:DEPARTURE_FIXED + reason_len]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise WireError("bad_text", "reason is not UTF-8") from None
+    job_id = _job(data, DEPARTURE_FIXED + reason_len, n)
+    return DepartureFrame(
+        job_id=job_id, event_time=event_time // 1000, rank=rank, cause=DEPARTURE_CAUSES[cause],
+        exit_code=code, reason=reason if reason_len else None, binding_epoch=epoch,
+        pid=pid or None)

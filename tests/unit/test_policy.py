@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,11 +38,15 @@ CFG = PolicyConfig(window_s=5, tier_windows=2, settle_s=1, quota_pct=400, storm_
 def verdict(kind: str, rank: int | None, t: int, state: VerdictState = VerdictState.OPEN,
             pid: int | None = None, vid: str | None = None, node: str | None = "n1",
             exit_code: int | None = None, sig: int | None = None,
-            gpu: int | None = None, epoch: int | None = None) -> Event:
+            gpu: int | None = None, epoch: int | None = None,
+            said: tuple[int, str] | None = None) -> Event:
+    """``said``: what the rank declared before it ended (code, cause)."""
     vid = vid or derived_id("v", kind, rank, t, node)
     ev: dict[str, str | int | float | bool | None] = {"pid": pid} if pid else {}
     if kind == "process_exit":
         ev.update({"exit_code": exit_code, "signal": sig, "binding_epoch": epoch})
+        if said is not None:
+            ev.update({"declared_code": said[0], "declared_cause": said[1]})
     return make_event(Verdict(verdict_id=vid, rule=kind, kind=kind, state=state,
                               severity=Severity.CRITICAL, first_anomalous_time=t,
                               decided_time=t, evidence=ev),
@@ -550,6 +557,43 @@ def test_exits_whose_status_nobody_read_move_only_the_earliest() -> None:
     p = migrate(out[0])
     assert (p.rank, p.ranks, p.avoid_domains) == (1, [1], [])
     assert len(p.covered_verdicts) == 2
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(range(3))))
+def test_the_unread_exit_that_said_nothing_is_the_cause_whichever_is_read_first(
+        order: tuple[int, ...]) -> None:
+    # CI's slurm-rank-kill: rank 1 was SIGKILLed (it says nothing); ranks 0 and 2 said they
+    # lost a peer. Which agent reads its exit first is a race (rank 2's came 19 ms before the
+    # killed rank's): the rank that said nothing moves, read first or last
+    s = two_nodes({"spare-a0": "a", "spare-b": "b"})
+    said = {0: (3, "peer_lost"), 1: None, 2: (3, "peer_lost")}
+    times = {rank: 10 * S + 19_000 * order[rank] for rank in said}
+    _, out = settled(s, [verdict("process_exit", r, times[r], pid=100 + r,
+                                 node="a" if r < 2 else "b", said=said[r]) for r in said],
+                     max(times.values()))
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    p = migrate(out[0])
+    assert (p.rank, p.ranks) == (1, [1])
+    assert len(p.covered_verdicts) == 2
+
+
+def test_a_declaration_is_read_like_a_status_where_no_status_was_read() -> None:
+    # unread, said it failed by its own error: restarted in place, like a read code 1
+    _, out = settled(pool(), [verdict("process_exit", 2, 10 * S, pid=102,
+                                      said=(1, "error"))], 10 * S)
+    assert [(d.command.action, d.command.tier) for d in out] == [(CommandAction.RESUME, 3)]
+    # said it lost a peer (an uncaught gloo error: code 1) and ended with that code: a
+    # consequence, so the one killed by a signal is the cause
+    _, out = settled(pool(spares=2), [
+        verdict("process_exit", 2, 10 * S, pid=102, exit_code=1, said=(1, "peer_lost")),
+        verdict("process_exit", 1, 10 * S + 3, pid=101, sig=9)], 10 * S + 3)
+    assert [(d.command.action, migrate(d).ranks) for d in out] == [(CommandAction.MIGRATE, [1])]
+    # said it lost a peer but ended otherwise (another code, or a signal): judged by how it ended
+    for sig, code, action in ((9, None, CommandAction.MIGRATE),
+                              (None, 2, CommandAction.RESUME)):
+        _, out = settled(pool(), [verdict("process_exit", 2, 10 * S, pid=102, sig=sig,
+                                          exit_code=code, said=(1, "peer_lost"))], 10 * S)
+        assert [d.command.action for d in out] == [action], (sig, code)
 
 
 def test_a_lost_node_explains_the_unread_exits_of_its_peers() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from trainguard.collectors.process import ProcessCollector, exits_of
-from trainguard.events.payloads import ProcessExit, ProcessState
+from trainguard.events.payloads import DepartureCause, ProcessDeparture, ProcessExit, ProcessState
 
 INTERVAL_S = 1.0  # the agent's usual telemetry interval
 SLEEPER = "import time; time.sleep(30)"
@@ -266,3 +266,33 @@ def test_discover_by_environment_tag(collector: ProcessCollector, spawn: Spawn) 
 def test_bad_registration_is_refused(collector: ProcessCollector) -> None:
     with pytest.raises(ValueError):
         collector.register(0, "job-1")
+
+
+def test_what_a_rank_declared_goes_with_its_exit_once(
+        collector: ProcessCollector, spawn: Spawn) -> None:
+    p = spawn(EXIT3_ON_EOF, stdin=subprocess.PIPE)
+    q = spawn()
+    said = ProcessDeparture(rank=0, pid=p.pid, cause=DepartureCause.PEER_LOST, exit_code=3,
+                            reason="lost a peer at step 7")
+    assert not collector.declare(p.pid, said)  # not watched yet: nothing to attach it to
+    collector.register(p.pid, "job-1", rank=0, binding_epoch=1)
+    collector.register_popen(q, "job-1", rank=1, binding_epoch=1)
+    assert collector.declare(p.pid, said)
+    collector.declare(p.pid, said.model_copy(update={"cause": DepartureCause.ERROR}))
+    collector.register(p.pid, "job-1", rank=0, binding_epoch=1)  # re-registered: kept
+    assert p.stdin is not None
+    p.stdin.close()
+    p.wait(timeout=10)
+    q.kill()
+    q.wait(timeout=10)
+    time.sleep(0.05)
+    exits = {e.pid: e for e in exits_of(collector.poll_exits(5))}
+    assert (exits[p.pid].declared_code, exits[p.pid].declared_cause,
+            exits[p.pid].declared_reason) == (3, DepartureCause.PEER_LOST,
+                                              "lost a peer at step 7")
+    assert exits[q.pid].signal == signal.SIGKILL and exits[q.pid].declared_cause is None
+    # reaped by its parent (p.wait() here, slurmstepd under Slurm): only the declaration tells
+    assert exits[p.pid].ended == "status unread, said peer_lost, code 3: lost a peer at step 7"
+    assert exits[q.pid].ended == "signal 9"
+    assert ProcessExit(pid=1).ended == "status unread"
+    _no_more_exits(collector)

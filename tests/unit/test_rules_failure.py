@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.rules_support import RULES, T0, S, kinds, run
-from trainguard.events.payloads import NicSample, NodeHealthKind, Verdict
+from trainguard.events.payloads import (
+    DepartureCause,
+    ExitEvidence,
+    NicSample,
+    NodeHealthKind,
+    Verdict,
+)
 from trainguard.rules import RuleEngine
 from trainguard.rules.synth import (
     gpu,
@@ -65,6 +71,26 @@ def test_an_exit_whose_status_nobody_read_is_a_fault() -> None:
         ("process_exit", "open", 1), ("process_exit", "open", 0), ("process_exit", "open", 2)]
     assert got[0][0].evidence["exit_code"] is None
     assert got[0][0].evidence["signal"] is None
+
+
+def test_an_unread_exit_is_read_by_what_the_rank_declared() -> None:
+    # the same unread exits, each rank having said something before it ended: one that said
+    # it completed with 0 is no fault; the others carry their declaration as evidence
+    events = [step_report("j", r, s, T0 + s * S + r, 1000.0, world=3)
+              for s in range(20) for r in range(3)]
+    said = {0: (3, DepartureCause.PEER_LOST, "lost a peer at step 21"),
+            1: (0, DepartureCause.COMPLETED, "done"), 2: (1, DepartureCause.ERROR, None)}
+    events += [process_exit("j", f"node-{r}", r, T0 + 20 * S + r, exit_code=None, said=said[r])
+               for r in said]
+    got = {e.subject.rank: e.payload for e in run(events) if isinstance(e.payload, Verdict)}
+    assert set(got) == {0, 2}
+    ev0, ev2 = got[0].evidence, got[2].evidence
+    assert (ev0["declared_code"], ev0["declared_cause"], ev0["declared_reason"]) == (
+        3, "peer_lost", "lost a peer at step 21")
+    assert (ev2["declared_code"], ev2["declared_cause"]) == (1, "error")
+    assert "declared_reason" not in ev2 and ev2["exit_code"] is None
+    exit_ev = ExitEvidence.of(ev0)
+    assert (exit_ev.declared_code, exit_ev.declared_cause) == (3, DepartureCause.PEER_LOST)
 
 
 def test_xid_classes() -> None:
@@ -131,3 +157,12 @@ def test_late_events_are_counted_and_ignored() -> None:
         engine.feed(e)
     engine.feed(step_report("j", 0, 1, events[0].event_time, 1.0, world=4))  # 6 s late
     assert engine.stats()["late"] == 1
+
+
+def test_half_a_declaration_is_none() -> None:
+    # the agent sets code and cause together; evidence with one of them reads as no declaration
+    for ev in ({"declared_cause": "peer_lost"}, {"declared_code": 3},
+               {"declared_code": 3, "declared_cause": None}):
+        got = ExitEvidence.of({"pid": 7, "exit_code": None, **ev})
+        assert (got.pid, got.declared_code, got.declared_cause) == (7, None, None), ev
+    assert "declared_cause" not in ExitEvidence(declared_code=3).as_evidence()

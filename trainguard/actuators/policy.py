@@ -22,8 +22,11 @@ The ladder, lightest first:
   first: when a rank dies its synchronous peers exit too (with a peer-lost exit code,
   ``peer_exit_codes``): those exits are consequences, covered by the one restart. An exit whose
   status nobody could read (no code, no signal: under Slurm the agent is not the rank's parent)
-  is presumed a consequence too: another failure in the window explains it, and when none does
-  the earliest such exit is taken as the cause (a killed rank ends before its peers notice).
+  is read by what the rank declared just before it ended (``process.departure``: its code and
+  why), and without a declaration it is presumed a consequence too: another failure in the
+  window explains it. When none does, the cause is the earliest exit that did not say it lost
+  a peer: a rank killed by a signal says nothing, while its peers say they lost it, and which
+  exit is read first is a race between nodes.
   A silence verdict that comes ``backlog_lag_s`` after it was decided came from a backlog (the
   agents' spools flushing one after another after a broker outage can make a healthy node
   look silent until its own records arrive): its job's failures are held
@@ -86,6 +89,7 @@ from trainguard.events.payloads import (
     Command,
     CommandAction,
     CommandOutcome,
+    DepartureCause,
     EscalateParams,
     ExitEvidence,
     MigrateParams,
@@ -167,6 +171,8 @@ class OpenVerdict:
     signal: int | None = None
     epoch: int | None = None  # the binding the exit was matched to (its fencing token)
     decided_at: int | None = None  # the verdict's event time (when the rule decided it)
+    declared_code: int | None = None  # what the rank said it was leaving with, and why
+    declared_cause: DepartureCause | None = None
 
 
 @dataclass
@@ -325,7 +331,7 @@ def _on_verdict(s: PolicyState, event: Event, v: Verdict, now_us: int, cfg: Poli
     ex = ExitEvidence.of(v.evidence)
     ov = OpenVerdict(v.verdict_id, job, v.kind, event.subject.rank, event.subject.node,
                      event.subject.gpu, v.first_anomalous_time, ex.pid, ex.exit_code, ex.signal,
-                     ex.binding_epoch, event.event_time)
+                     ex.binding_epoch, event.event_time, ex.declared_code, ex.declared_cause)
     if v.verdict_id in s.open:
         return
     s.open[v.verdict_id] = ov
@@ -411,7 +417,7 @@ def _decide_failure(s: PolicyState, job: str, held: list[OpenVerdict], now_us: i
     live = [ov for ov in held if ov.verdict_id in s.open and not _stale(s, ov)]
     if not live or job in s.stopped or _restart_pending(s, job):
         return
-    first = min(live, key=_order)
+    first = min(live, key=lambda ov: (_blames_a_peer(ov, cfg), *_order(ov)))
     own = [ov for ov in live if not _consequence(ov, cfg)]
     group = sorted(own, key=_order) if own else [first]  # the ranks that failed by themselves
     cause = group[0]
@@ -449,20 +455,38 @@ def _order(ov: OpenVerdict) -> tuple[int, str]:
     return ov.first_time, ov.verdict_id
 
 
+def _code(ov: OpenVerdict) -> int | None:
+    """The exit code read, else the one the rank declared before it ended."""
+    return ov.exit_code if ov.exit_code is not None else ov.declared_code
+
+
+def _blames_a_peer(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
+    """An exit that says it happened because a peer was lost: a peer-lost code (read, else
+    declared), or a declaration whose cause is ``peer_lost`` that the status read (if any)
+    bears out (the same code: a process that declared and then ended otherwise is judged by
+    how it ended)."""
+    declared = ov.declared_cause is DepartureCause.PEER_LOST and (
+        ov.exit_code is None or ov.exit_code == ov.declared_code)
+    return (ov.kind is VerdictKind.PROCESS_EXIT and ov.signal is None
+            and (_code(ov) in cfg.peer_exit_codes or declared))
+
+
 def _consequence(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
     """A rank that left because a peer was lost (its own unit did not fail), or presumed so:
-    an exit with neither code nor signal is one whose status could not be read."""
+    an exit with neither code nor signal is one whose status could not be read, and that the
+    rank did not account for itself."""
     return (ov.kind is VerdictKind.PROCESS_EXIT and ov.signal is None
-            and (ov.exit_code is None or ov.exit_code in cfg.peer_exit_codes))
+            and (_code(ov) is None or _blames_a_peer(ov, cfg)))
 
 
 def _software_exit(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
     """A rank that ended itself with an error code (an exception, an assertion): no signal, a
-    code read, neither 0 nor a peer-lost code, nor 129-192 (128 + a signal: how a shell or a
-    launcher in between reports a child killed by one)."""
-    code = ov.exit_code
+    code read (or, unread, declared as its own error), neither 0 nor a peer-lost code, nor
+    129-192 (128 + a signal: how a shell or a launcher in between reports a child killed by
+    one)."""
+    code = _code(ov)
     return (ov.kind is VerdictKind.PROCESS_EXIT and ov.signal is None and code is not None
-            and code not in (0, *cfg.peer_exit_codes) and not 128 < code <= 192)
+            and not _blames_a_peer(ov, cfg) and code != 0 and not 128 < code <= 192)
 
 
 def _ranks_on(s: PolicyState, job: str, ov: OpenVerdict) -> set[int]:

@@ -106,9 +106,24 @@ def build_agent(opts: AgentOptions, config: KafkaConfig) -> BuiltAgent:
                       job_of_node=_NodeJob(processes))
     pump = SocketPump(steps.fileno(), steps.drain_discrete).start()
     closers.append(pump.stop)  # closers run in reverse: the pump stops before the socket
+    intake = _registering(pump.take, processes)
+    # the tick polls exits too (processes.collect): what the pump holds is taken first there
+    agent.collectors.insert(agent.collectors.index(processes), _Intake(intake))
     built = BuiltAgent(agent, metrics, processes, closers=closers,
-                       fast_polls=[_registering(pump.take, processes), processes.poll_exits])
+                       fast_polls=[intake, processes.poll_exits])
     return built
+
+
+class _Intake:
+    """The step socket's records the pump holds, taken at the tick (before its exit poll)."""
+
+    name = "intake"
+
+    def __init__(self, take: Callable[[int], Sequence[Discrete]]) -> None:
+        self.take = take
+
+    def collect(self, now_us: int) -> Reading:
+        return Reading(discrete=list(self.take(now_us)))
 
 
 class _StepSocketHealth:
@@ -140,8 +155,10 @@ class _Discovery:
 def _registering(drain: Callable[[int], Sequence[Discrete]],
                  processes: ProcessCollector) -> Callable[[int], Sequence[Discrete]]:
     """Wrap the step socket's drain: a rank that reports is watched from its first report
-    (its pid, job, rank and binding epoch come in every datagram), so its exit is seen."""
-    from trainguard.events.payloads import Heartbeat, StepReport
+    (its pid, job, rank and binding epoch come in every datagram), so its exit is seen; what a
+    rank says before it leaves (a departure) goes with that exit. It runs before the exits are
+    polled (in the same fast poll), and the rank says it before it ends."""
+    from trainguard.events.payloads import Heartbeat, ProcessDeparture, StepReport
 
     known: dict[int, tuple[str, int, int]] = {}
 
@@ -149,11 +166,13 @@ def _registering(drain: Callable[[int], Sequence[Discrete]],
         items = drain(now_us)
         for item in items:
             p = item.payload
-            if isinstance(p, StepReport | Heartbeat) and p.pid is not None:
+            if isinstance(p, StepReport | Heartbeat | ProcessDeparture) and p.pid is not None:
                 ident = (item.job_id, p.rank, p.binding_epoch)
                 if known.get(p.pid) != ident:
                     known[p.pid] = ident
                     processes.register(p.pid, item.job_id, p.rank, p.binding_epoch)
+                if isinstance(p, ProcessDeparture):
+                    processes.declare(p.pid, p)
         return items
 
     return drain_and_register

@@ -16,6 +16,10 @@ How an exit is seen, best first:
   ours. A process whose code cannot be read still yields an exit, with ``exit_code=None``.
 - ``psutil``: without pidfd support, each poll checks the pid and its start time.
 
+A rank that says why it is leaving before it ends (the SDK's departure record, handed in by
+the agent with ``declare``) has that attached to its exit (``ProcessExit.declared_*``): the
+only account of an exit whose status cannot be read.
+
 Pidfds are also exposed (``exit_fds``) and ``wait`` blocks on them, so the agent can publish an
 exit as soon as it happens rather than at the next interval: call ``poll_exits`` then.
 Not thread-safe: call it from the agent's loop.
@@ -37,7 +41,7 @@ import psutil
 
 from trainguard.collectors.base import Discrete, Reading
 from trainguard.events.envelope import Subject
-from trainguard.events.payloads import ProcessExit, ProcessSample, ProcessState
+from trainguard.events.payloads import ProcessDeparture, ProcessExit, ProcessSample, ProcessState
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +130,7 @@ class _Watched:
     proc: psutil.Process | None = None
     cpu_primed: bool = False
     gone_at_register: bool = False
+    declared: ProcessDeparture | None = None
     last: dict[str, Any] = field(default_factory=dict)
 
 
@@ -168,7 +173,7 @@ class ProcessCollector:
         if old is not None:
             self._close(old)
         w = _Watched(pid=pid, job_id=job_id, rank=rank, binding_epoch=binding_epoch, popen=popen,
-                     gpu=gpu)
+                     gpu=gpu, declared=None if old is None else old.declared)
         if self.use_pidfd:
             try:
                 w.pidfd = os.pidfd_open(pid)
@@ -191,6 +196,16 @@ class ProcessCollector:
         binding_epoch: int | None = None,
     ) -> None:
         self.register(popen.pid, job_id, rank, binding_epoch, popen=popen)
+
+    def declare(self, pid: int, departure: ProcessDeparture) -> bool:
+        """What the watched process ``pid`` said just before ending; its exit carries it. The
+        first one counts (a process ends once). False if ``pid`` is not watched."""
+        w = self._watched.get(pid)
+        if w is None:
+            return False
+        if w.declared is None:
+            w.declared = departure
+        return True
 
     def unregister(self, pid: int) -> bool:
         """Stop watching ``pid`` without reporting an exit. False if it was not watched."""
@@ -292,11 +307,16 @@ class ProcessCollector:
     # internals ---------------------------------------------------------------------------
 
     def _exit_event(self, w: _Watched, info: ExitInfo, now_us: int) -> Discrete:
+        said = w.declared
         payload = ProcessExit(pid=w.pid, rank=w.rank, binding_epoch=w.binding_epoch,
                               exit_code=info.exit_code, signal=info.signal,
-                              detected_by=info.detected_by)
-        log.info("rank process %d (job %s, rank %s) exited: code=%s signal=%s via %s",
-                 w.pid, w.job_id, w.rank, info.exit_code, info.signal, info.detected_by)
+                              detected_by=info.detected_by,
+                              declared_code=None if said is None else said.exit_code,
+                              declared_cause=None if said is None else said.cause,
+                              declared_reason=None if said is None else said.reason)
+        log.info("rank process %d (job %s, rank %s) exited: code=%s signal=%s via %s%s",
+                 w.pid, w.job_id, w.rank, info.exit_code, info.signal, info.detected_by,
+                 "" if said is None else f", said {said.cause.value} {said.exit_code}")
         return Discrete(payload=payload, job_id=w.job_id, event_time=now_us,
                         subject=Subject(node=self.node, rank=w.rank))
 

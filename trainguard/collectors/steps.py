@@ -7,12 +7,14 @@ bound to: a probe connect is refused) but refuses to take over a live one or to 
 that is not a socket, and sets the socket's mode (0o660 by default: trainers must be the
 agent's user or in its group; pass 0o666 to open it to every local user).
 
-Each valid datagram becomes ``Discrete(StepReport | Heartbeat | CheckpointEvent, job_id,
-event_time, Subject(node=<this node>, rank=...))``, in arrival order; the agent publishes a
-``CheckpointEvent`` as a ``checkpoint`` event (the rank that wrote, verified or loaded it is the
-subject's). A malformed one (bad magic, version, kind, length, flags, phase, action or job id,
-an event time past 2**53, or values the payload model refuses: ``invalid_step_report`` /
-``invalid_heartbeat`` / ``invalid_checkpoint``) is counted in ``Reading.malformed``
+Each valid datagram becomes ``Discrete(StepReport | Heartbeat | CheckpointEvent |
+ProcessDeparture, job_id, event_time, Subject(node=<this node>, rank=...))``, in arrival order;
+the agent publishes a ``CheckpointEvent`` as a ``checkpoint`` event (the rank that wrote,
+verified or loaded it is the subject's) and a ``ProcessDeparture`` as a ``process.departure``
+(and attaches it to the rank's exit). A malformed one (bad magic, version, kind, length, flags,
+phase, action, cause or job id, an event time past 2**53, or values the payload model refuses:
+``invalid_step_report`` / ``invalid_heartbeat`` / ``invalid_checkpoint`` /
+``invalid_departure``) is counted in ``Reading.malformed``
 by kind, logged once per kind, and skipped; the datagrams around it are kept.
 
 Two ways to drain, both non-blocking, from the agent's one thread:
@@ -52,7 +54,9 @@ from trainguard.events.envelope import Subject
 from trainguard.events.payloads import (
     CheckpointAction,
     CheckpointEvent,
+    DepartureCause,
     Heartbeat,
+    ProcessDeparture,
     Section,
     StepReport,
 )
@@ -201,6 +205,8 @@ class StepReceiver:
             return None
         if isinstance(frame, wire.CheckpointFrame):
             return self._checkpoint(frame)
+        if isinstance(frame, wire.DepartureFrame):
+            return self._departure(frame)
         payload: StepReport | Heartbeat
         try:
             if isinstance(frame, wire.StepFrame):
@@ -240,6 +246,17 @@ class StepReceiver:
                 size_bytes=frame.size_bytes, write_ms=frame.write_ms, reason=frame.reason)
         except ValidationError as exc:
             self._count("invalid_checkpoint", _first_error(exc))
+            return None
+        return Discrete(payload, frame.job_id, frame.event_time, self._subject(frame.rank))
+
+    def _departure(self, frame: wire.DepartureFrame) -> Discrete | None:
+        try:
+            payload = ProcessDeparture(
+                rank=frame.rank, binding_epoch=frame.binding_epoch, pid=frame.pid,
+                cause=DepartureCause(frame.cause), exit_code=frame.exit_code,
+                reason=frame.reason)
+        except ValidationError as exc:
+            self._count("invalid_departure", _first_error(exc))
             return None
         return Discrete(payload, frame.job_id, frame.event_time, self._subject(frame.rank))
 

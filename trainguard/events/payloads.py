@@ -219,13 +219,62 @@ class Heartbeat(Payload):
         return self
 
 
+class DepartureCause(StrEnum):
+    """Why a rank said it was leaving (the SDK's departure record; the wire carries the index
+    of this order): the training ended, a collective failed because another rank was lost
+    (a consequence), or its own failure."""
+
+    COMPLETED = "completed"
+    PEER_LOST = "peer_lost"
+    ERROR = "error"
+
+
+class ProcessDeparture(Payload):
+    """What a rank said just before it ended (``StepReporter.leaving``): the code it is leaving
+    with and why. The agent attaches it to the rank's ``process.exit`` (``declared_*``)."""
+
+    rank: Count
+    binding_epoch: Count = 0
+    pid: Annotated[int, Field(gt=0)] | None = None
+    cause: DepartureCause
+    exit_code: Annotated[int, Field(ge=0, le=255)]
+    reason: Annotated[str, Field(max_length=1024)] | None = None
+
+
 class ProcessExit(Payload):
+    """``exit_code`` / ``signal``: the status the agent read (both None: it could not, as under
+    Slurm or torchrun, where it is not the rank's parent). ``declared_*``: what the rank said
+    just before it ended (its ``process.departure``), when it said anything: a rank killed by a
+    signal says nothing."""
+
     pid: Annotated[int, Field(gt=0)]
     rank: Count | None = None
     binding_epoch: Count | None = None
     exit_code: int | None = None
     signal: int | None = None
     detected_by: Literal["pidfd", "waitpid", "poll", "psutil"] = "poll"
+    declared_code: Annotated[int, Field(ge=0, le=255)] | None = None
+    declared_cause: DepartureCause | None = None
+    declared_reason: Annotated[str, Field(max_length=1024)] | None = None
+    # No validator ties declared_code to declared_cause (the agent sets them together): a
+    # validator would take this urgent type off the compiled decode path (events/fastpath.py);
+    # a cause without a code, or a code without a cause, is read as no declaration.
+
+    @property
+    def ended(self) -> str:
+        """How it ended, for people: "signal 9", "exit code 3", or "status unread" and what
+        the rank declared ("said peer_lost, code 3: <reason>")."""
+        if self.signal is not None:
+            how = f"signal {self.signal}"
+        elif self.exit_code is not None:
+            how = f"exit code {self.exit_code}"
+        else:
+            how = "status unread"
+        if self.declared_cause is not None and self.declared_code is not None:
+            how += f", said {self.declared_cause.value}, code {self.declared_code}"
+            if self.declared_reason:
+                how += f": {self.declared_reason}"
+        return how
 
 
 class CheckpointAction(StrEnum):
@@ -353,10 +402,26 @@ class ExitEvidence(BaseModel):
     exit_code: int | None = None
     signal: int | None = None
     binding_epoch: Annotated[int, Field(ge=0)] | None = None
+    declared_code: int | None = None  # with declared_cause, or neither (see _declared)
+    declared_cause: Annotated[DepartureCause | None, Field(strict=False)] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared(cls, data: Any) -> Any:
+        """A declaration is a code and a cause: one without the other is none."""
+        if isinstance(data, Mapping) and (data.get("declared_code") is None
+                                          or data.get("declared_cause") is None):
+            return {k: v for k, v in data.items()
+                    if k not in ("declared_code", "declared_cause")}
+        return data
 
     def as_evidence(self) -> FlatMap:
-        return {"pid": self.pid, "exit_code": self.exit_code, "signal": self.signal,
-                "binding_epoch": self.binding_epoch}
+        out: FlatMap = {"pid": self.pid, "exit_code": self.exit_code, "signal": self.signal,
+                        "binding_epoch": self.binding_epoch}
+        if self.declared_cause is not None and self.declared_code is not None:
+            out["declared_code"] = self.declared_code
+            out["declared_cause"] = self.declared_cause.value
+        return out
 
     @classmethod
     def of(cls, evidence: FlatMap) -> ExitEvidence:

@@ -63,8 +63,13 @@ EVENT_TYPES: tuple[EventType, ...] = (
               "v2: the section of its step it is in, and since when.",
               ("rank",)),
     EventType("process.exit", 1, p.ProcessExit, TopicRole.TASK, "job",
-              "A rank process ended: exit code or signal, and how the exit was seen.",
+              "A rank process ended: exit code or signal, how the exit was seen, and what the "
+              "rank declared before it ended.",
               ("node",), urgent=True),
+    EventType("process.departure", 1, p.ProcessDeparture, TopicRole.TASK, "job",
+              "A rank said it was about to end, with its exit code and why (completed, lost a "
+              "peer, its own error); the agent also attaches it to the rank's process.exit.",
+              ("rank",)),
     EventType("checkpoint", 1, p.CheckpointEvent, TopicRole.TASK, "job",
               "A checkpoint was written, verified, found corrupt or loaded."),
     EventType("verdict", 1, p.Verdict, TopicRole.VERDICTS, "job",

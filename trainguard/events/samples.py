@@ -39,6 +39,10 @@ def sample_events(job_id: str = "job-demo", t0: int = T0) -> list[Event]:
         (p.ProcessExit(pid=4242, rank=3, binding_epoch=1, exit_code=None, signal=9,
                        detected_by="pidfd"),
          Subject(node="node-a", rank=3), "agent@node-a"),
+        (p.ProcessDeparture(rank=2, binding_epoch=1, pid=4241, cause=p.DepartureCause.PEER_LOST,
+                            exit_code=3, reason="lost a peer at step 101: Connection closed by "
+                            "peer"),
+         Subject(node="node-a", rank=2), "agent@node-a"),
         (p.CheckpointEvent(action=p.CheckpointAction.WRITTEN, step=100, samples_consumed=3200,
                            path="/data/ckpt/job-demo/step-100", sha256="0" * 64,
                            size_bytes=1_048_576, write_ms=84.0),

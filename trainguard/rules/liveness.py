@@ -38,6 +38,7 @@ from trainguard.events.envelope import Event, Subject
 from trainguard.events.payloads import (
     CheckpointAction,
     CheckpointEvent,
+    DepartureCause,
     ExitEvidence,
     Heartbeat,
     NodeHealth,
@@ -294,7 +295,7 @@ class ProcessExitRule(RuleBase):
 
     def _exit(self, event: Event) -> tuple[str, dict[str, Any]] | None:
         ex = cast(ProcessExit, event.payload)
-        clean = ex.exit_code == 0 and ex.signal is None  # an unread status is no proof of health
+        clean = _clean(ex)
         if clean and self.p["ignore_clean_exit"]:
             return None
         key = f"rank:{ex.rank}" if ex.rank is not None else f"pid:{event.subject.node}:{ex.pid}"
@@ -304,5 +305,20 @@ class ProcessExitRule(RuleBase):
                      "severity": None, "first_time": t, "decided_time": t,
                      "evidence": {**ExitEvidence(pid=ex.pid, exit_code=ex.exit_code,
                                                  signal=ex.signal,
-                                                 binding_epoch=ex.binding_epoch).as_evidence(),
-                                  "detected_by": ex.detected_by}}
+                                                 binding_epoch=ex.binding_epoch,
+                                                 declared_code=ex.declared_code,
+                                                 declared_cause=ex.declared_cause
+                                                 ).as_evidence(),
+                                  "detected_by": ex.detected_by,
+                                  **({} if ex.declared_reason is None
+                                     else {"declared_reason": ex.declared_reason})}}
+
+
+def _clean(ex: ProcessExit) -> bool:
+    """Exited 0 by its read status; or, when no status could be read (an unread status is no
+    proof of health), the rank said it completed with 0 just before it ended."""
+    if ex.signal is not None:
+        return False
+    if ex.exit_code is not None:
+        return ex.exit_code == 0
+    return ex.declared_cause is DepartureCause.COMPLETED and ex.declared_code == 0

@@ -11,6 +11,7 @@ from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
     CheckpointAction,
     CheckpointEvent,
+    DepartureCause,
     GpuSample,
     Heartbeat,
     NicSample,
@@ -59,9 +60,14 @@ def section_heartbeat(job: str, rank: int, t: int, section: Section | None, star
 
 def process_exit(job: str, node: str, rank: int, t: int, exit_code: int | None = 1,
                  signal: int | None = None, *, epoch: int | None = None,
-                 pid: int | None = None) -> Event:
+                 pid: int | None = None,
+                 said: tuple[int, DepartureCause, str | None] | None = None) -> Event:
+    """``said``: what the rank declared before it ended (code, cause, reason)."""
     payload = ProcessExit(pid=pid or 1000 + rank, rank=rank, exit_code=exit_code, signal=signal,
-                          binding_epoch=epoch)
+                          binding_epoch=epoch,
+                          declared_code=None if said is None else said[0],
+                          declared_cause=None if said is None else said[1],
+                          declared_reason=None if said is None else said[2])
     return make_event(payload, event_id=derived_id("synth-exit", job, rank, t), job_id=job,
                       event_time=t, source=SRC, subject=Subject(node=node, rank=rank))
 

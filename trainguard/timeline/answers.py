@@ -71,9 +71,8 @@ def old_replica_stopped(inc: Incident, events: Sequence[Event]) -> Answer:
         e = min(exits, key=order_key)
         p = e.payload
         assert isinstance(p, ProcessExit)
-        how = f"signal {p.signal}" if p.signal is not None else f"exit code {p.exit_code}"
-        parts.append(f"{to_iso(e.event_time)}: rank {p.rank} pid {p.pid} exited ({how}, seen via "
-                     f"{p.detected_by})")
+        parts.append(f"{to_iso(e.event_time)}: rank {p.rank} pid {p.pid} exited ({p.ended}, "
+                     f"seen via {p.detected_by})")
         ids.append(e.event_id)
         time = e.event_time
     mine = [f for f in inc.fences if f.rank in primary or f.rank is None]

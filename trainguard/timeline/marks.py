@@ -47,9 +47,8 @@ def task_marks(events: Sequence[Event]) -> list[Mark]:
                             + (f", {p.reason}" if p.reason else ""),
                             event_id=e.event_id, level=level))
         elif isinstance(p, ProcessExit):
-            how = f"signal {p.signal}" if p.signal is not None else f"code {p.exit_code}"
             out.append(Mark("task", f"rank {p.rank}", e.event_time,
-                            f"rank {p.rank} pid {p.pid} exited ({how})",
+                            f"rank {p.rank} pid {p.pid} exited ({p.ended})",
                             detail=f"node {e.subject.node}, seen via {p.detected_by}",
                             event_id=e.event_id, level="bad"))
     for (rank, epoch), evs in sorted(runs.items()):

@@ -219,6 +219,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
         print(f"rank {rank}: {reason}", file=sys.stderr, flush=True)
         progress.write("exit", code=code, reason=reason[:500])
         progress.close()
+        reporter.leaving(code, "peer_lost" if code == EXIT_PEER_LOST else "error", reason)
         reporter.close()
         sys.stderr.flush()
         os._exit(code)
@@ -337,6 +338,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     manager.close()
     progress.write("exit", code=EXIT_OK, reason="done")
     progress.close()
+    reporter.leaving(EXIT_OK, "completed", "done")
     reporter.close()
     dist.destroy_process_group()
     return EXIT_OK
