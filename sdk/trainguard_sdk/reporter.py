@@ -302,6 +302,19 @@ class StepReporter:
             return False
         return self._send_rare(data)
 
+    def departing(self, exc: BaseException) -> bool:
+        """Say the departure ``exc`` makes, if it ends the rank: ``sys.exit(n)`` leaves with n
+        ("completed" for 0), another exception with 1 and ``cause_of(exc)``; Ctrl-C says
+        nothing. What the excepthook and a ``with`` block call; a framework callback that
+        sees the exception before the reporter is closed calls it too."""
+        if isinstance(exc, KeyboardInterrupt):
+            return False
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            return self.leaving(code & 0xFF, "completed" if code == 0 else "error",
+                                f"exit({exc.code!r})")
+        return self.leaving(1, cause_of(exc), reason_of(exc))
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -331,7 +344,7 @@ class StepReporter:
         """An exception leaving the block (it will end the rank, and the excepthook would
         find this reporter closed) is said as the rank's departure first."""
         if exc is not None:
-            _depart(self, exc)
+            self.departing(exc)
         self.close()
 
     # -- internals --------------------------------------------------------------------------
@@ -416,19 +429,6 @@ def _after_fork() -> None:
         reporter._after_fork_in_child()
 
 
-def _depart(reporter: StepReporter, exc: BaseException) -> None:
-    """Say the departure ``exc`` makes: ``sys.exit(n)`` leaves with n ("completed" for 0),
-    another exception with 1 (``cause_of``); Ctrl-C says nothing."""
-    if isinstance(exc, KeyboardInterrupt):
-        return
-    if isinstance(exc, SystemExit):
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        reporter.leaving(code & 0xFF, "completed" if code == 0 else "error",
-                         f"exit({exc.code!r})")
-        return
-    reporter.leaving(1, cause_of(exc), reason_of(exc))
-
-
 _hooked: list[bool] = []
 
 
@@ -444,7 +444,7 @@ def _install_excepthook() -> None:
              tb: TracebackType | None) -> None:
         try:
             for reporter in list(_LIVE):
-                _depart(reporter, value)
+                reporter.departing(value)
         except Exception:  # pragma: no cover - never in the way of the traceback
             pass
         previous(tp, value, tb)

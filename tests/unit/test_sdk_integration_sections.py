@@ -41,6 +41,14 @@ class Reporter:
         self.log.append(f"{action} {step}")
         return True
 
+    def leaving(self, exit_code: int, cause: str = "error", reason: str | None = None) -> bool:
+        self.log.append(f"leaving {exit_code} {cause}")
+        return True
+
+    def departing(self, exc: BaseException) -> bool:
+        self.log.append(f"departing {type(exc).__name__}")
+        return True
+
     def close(self) -> None:
         self.log.append("close")
 
@@ -82,7 +90,26 @@ def test_lightning_callback_sections(tmp_path: Path) -> None:
         "-", "data",
         "forward", "backward", "optimizer", "data",
         "forward", "backward", "optimizer", "optimizer", "step 1", "data",
-        "checkpoint", "checkpoint", "phase checkpoint", "written 1", "data", "close"]
+        "checkpoint", "checkpoint", "phase checkpoint", "written 1", "data",
+        "leaving 0 completed", "close"]
+
+
+def test_lightning_callback_says_the_departure_before_its_teardown_closes() -> None:
+    # Lightning calls on_exception, then tears down (the reporter closes), then re-raises:
+    # by the time the excepthook runs the reporter is closed, so the callback says it
+    pytest.importorskip("lightning")
+    from lightning.fabric.plugins import TorchCheckpointIO
+    from trainguard_sdk.integrations.lightning import TrainguardCallback
+
+    tg = Reporter()
+    cb = TrainguardCallback(job_id="j", reporter=tg)
+    strategy: Any = SimpleNamespace(checkpoint_io=TorchCheckpointIO(), model=nn.Linear(2, 2))
+    trainer: Any = SimpleNamespace(global_rank=0, world_size=2, global_step=0, strategy=strategy)
+    module: Any = None
+    cb.setup(trainer, module, "fit")
+    cb.on_exception(trainer, module, RuntimeError("Connection closed by peer"))
+    cb.teardown(trainer, module, "fit")
+    assert tg.log == ["departing RuntimeError", "close"]  # no completion after a failure
 
 
 def test_hugging_face_callback_sections(tmp_path: Path) -> None:
@@ -114,4 +141,4 @@ def test_hugging_face_callback_sections(tmp_path: Path) -> None:
         "forward", "optimizer", "step 2", "data", "checkpoint", "phase checkpoint",
         "data", "written 2",
         "forward", "optimizer", "step 3", "data", "-",  # evaluation: no section
-        "checkpoint", "phase checkpoint", "data", "written 3", "close"]
+        "checkpoint", "phase checkpoint", "data", "written 3", "leaving 0 completed", "close"]

@@ -30,7 +30,9 @@ What it does, per rank:
   ``on_evaluate``);
 - the layout (dp/pp/tp) given as ``layout=`` (``Layout(...)``, ``Layout.from_mesh(...)``);
 - the reporter closes at ``on_train_end`` (after the last step's figures, which on CUDA come
-  one step late, and a last "idle" heartbeat).
+  one step late, and a last "idle" heartbeat), saying the rank completed (``leaving(0,
+  "completed")``); an exception out of ``train()`` never gets there, and the SDK's excepthook
+  says that one.
 
 The lazy import: ``import trainguard_sdk`` never imports transformers; this module does.
 """
@@ -149,7 +151,10 @@ class TrainguardCallback(TrainerCallback):
                                      write_ms=write_ms)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Training ended (an exception would not get here: the SDK's excepthook says that
+        one): the rank's completion, then the reporter closes."""
         if self.loop is not None:
             self.loop.flush()
         if self.reporter is not None:
+            self.reporter.leaving(0, "completed", "train ended")
             self.reporter.close()

@@ -27,7 +27,9 @@ What it does, per rank:
   stay in it until their next batch starts), none during validation;
 - the layout (dp/pp/tp) given as ``layout=`` (``Layout(...)``, ``Layout.from_mesh(...)``);
 - the reporter closes at ``teardown`` (after the last step's figures, which on CUDA come one
-  step late, and a last "idle" heartbeat).
+  step late, and a last "idle" heartbeat), saying the rank completed (``leaving(0,
+  "completed")``) unless ``on_exception`` said why it is leaving (Lightning tears down before
+  the exception leaves ``fit``, so the SDK's excepthook would find the reporter closed).
 
 ``report_loss=True`` adds the step's loss (``loss.item()``: a device synchronisation per step
 on GPUs, so off by default). The lazy import: ``import trainguard_sdk`` never imports
@@ -91,6 +93,7 @@ class TrainguardCallback(pl.Callback):
         self.identity: Identity | None = None
         self.loop: StepLoop | None = None
         self.timing = "not started"
+        self.failed = False
 
     # -- setup and teardown ------------------------------------------------------------------
 
@@ -115,10 +118,22 @@ class TrainguardCallback(pl.Callback):
                                                      state=self.hook_state,
                                                      reporter=self.reporter)
 
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        """Lightning tears down (closing the reporter) before the exception leaves ``fit``:
+        say the rank's departure now, while the reporter is open."""
+        self.failed = True
+        if self.reporter is not None:
+            self.reporter.departing(exception)
+
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """The reporter closes here; a stage that ended without an exception is the rank's
+        completion (its exit, later, is no fault even where its status cannot be read)."""
         if self.loop is not None:
             self.loop.flush()
         if self.reporter is not None:
+            if not self.failed:
+                self.reporter.leaving(0, "completed", f"{stage} ended")
             self.reporter.close()
 
     # -- steps --------------------------------------------------------------------------------
