@@ -147,3 +147,24 @@ def test_an_8_gpu_node_record_passes_the_gate() -> None:
 
     raw = node_record()
     assert fastpath.to_event(fastpath.decode_struct(raw)) == decode(raw)
+
+
+def test_an_exit_with_its_declaration_agrees_and_a_bad_one_is_refused_alike() -> None:
+    from trainguard.events.codec import make_event
+    from trainguard.events.envelope import Subject
+
+    ev = make_event(p.ProcessExit(pid=5, rank=1, declared_code=3,
+                                  declared_cause=p.DepartureCause.PEER_LOST,
+                                  declared_reason="lost a peer"),
+                    event_id="a" * 32, job_id="j", event_time=1, source="agent@n",
+                    subject=Subject(node="n", rank=1))
+    raw = encode(ev)
+    assert "process.exit" in fastpath.FAST_TYPES
+    _agree(raw)
+    assert fastpath.decode_fast(raw).payload == ev.payload
+    for good, bad in ((b'"peer_lost"', b'"bored"'), (b'"declared_code":3', b'"declared_code":300')):
+        mangled = raw.replace(good, bad)
+        assert mangled != raw
+        with pytest.raises(ContractError):
+            decode(mangled)
+        _agree(mangled)
