@@ -69,9 +69,14 @@ def build_agent(opts: AgentOptions, config: KafkaConfig) -> BuiltAgent:
     spool = DiskSpool(opts.spool_dir, max_bytes=opts.spool_max_bytes)
     publisher = SpoolPublisher(spool, config, metrics)
     processes = ProcessCollector(opts.node)
+    steps = StepReceiver(opts.node, opts.socket_path)
+    pump = SocketPump(steps.fileno(), steps.drain_discrete)  # started once all is built
+    intake = _registering(pump.take, processes)
     collectors: list[Collector] = [_Discovery(processes)] if opts.discover else []
-    collectors.append(processes)
-    closers: list[Callable[[], None]] = [spool.close, processes.close]
+    # the tick polls exits too (processes.collect): what the pump holds is taken first there
+    collectors += [_Intake(intake), processes]
+    # closers run in reverse: the pump stops before the socket
+    closers: list[Callable[[], None]] = [spool.close, processes.close, steps.close, pump.stop]
     gpu = _gpu_collector(opts)
     if gpu is not None:
         collectors.append(gpu)
@@ -98,20 +103,13 @@ def build_agent(opts: AgentOptions, config: KafkaConfig) -> BuiltAgent:
         from trainguard.collectors.health_import import FaultLogFollower
 
         collectors.append(FaultLogFollower(opts.fault_log, job_id=opts.job_id))
-    steps = StepReceiver(opts.node, opts.socket_path)
     collectors.append(_StepSocketHealth(steps))
-    closers.append(steps.close)
     agent = NodeAgent(identity, collectors, spool, publisher, TopicNames(config.topic_prefix),
                       metrics, interval_s=opts.interval_s,
                       job_of_node=_NodeJob(processes))
-    pump = SocketPump(steps.fileno(), steps.drain_discrete).start()
-    closers.append(pump.stop)  # closers run in reverse: the pump stops before the socket
-    intake = _registering(pump.take, processes)
-    # the tick polls exits too (processes.collect): what the pump holds is taken first there
-    agent.collectors.insert(agent.collectors.index(processes), _Intake(intake))
-    built = BuiltAgent(agent, metrics, processes, closers=closers,
-                       fast_polls=[intake, processes.poll_exits])
-    return built
+    pump.start()
+    return BuiltAgent(agent, metrics, processes, closers=closers,
+                      fast_polls=[intake, processes.poll_exits])
 
 
 class _Intake:
