@@ -7,9 +7,10 @@ SIGKILLed on a healthy node), `slurm-partition` (tgn2 cut off with everything on
 `slurm-master-node-loss` (tgn1 lost: rank 0's node, where the ranks meet).
 Each must conclude "recovered automatically", backed by the four questions, progress
 continuous from the checkpoint, the old step gone in Slurm's own view, the spare bound;
-`verify` reproduces them; nothing of the cluster is left. Minutes; needs root, slurm-wlm and
-munge. `slurm-straggler-node` is not here: its verdict depends on how loaded the machine is
-(`trainguard drill run slurm-straggler-node` runs it)."""
+`verify` reproduces them; each job is ended by cancelling its allocation, which the actuator
+says (``job.ended``) and nobody is called about; nothing of the cluster is left. Minutes;
+needs root, slurm-wlm and munge. `slurm-straggler-node` is not here: its verdict depends on
+how loaded the machine is (`trainguard drill run slurm-straggler-node` runs it)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from trainguard.drills.runner import run_drills, runs_root
 from trainguard.drills.scenario import resolve
 from trainguard.drills.verify import verify_run
 from trainguard.events.codec import decode
+from trainguard.events.payloads import Command, CommandAction, JobEnded, SchedulerEnd
 
 pytestmark = pytest.mark.drill
 
@@ -77,6 +79,14 @@ def test_recovered_automatically_on_the_spare(run_dir: Path, name: str) -> None:
     assert checks["resumed_from_last_valid_checkpoint"].event_ids
     assert checks["slurm:old_steps_gone"].status.value == "pass", detail
     assert checks["slurm:spare_bound"].status.value == "pass", detail
+    # the drill ends its job as a user does, by cancelling the allocation: the actuator says
+    # so, and the ranks' exits call nobody
+    closed = json.loads((sdir / "archive.json").read_text())["window"]["closed_us"]
+    after = [e for e in events if e.event_time > closed]
+    assert [e.payload.end for e in after if isinstance(e.payload, JobEnded)] == \
+        [SchedulerEnd.CANCELLED], [e.type for e in after]
+    assert not [e for e in after if isinstance(e.payload, Command)
+                and e.payload.action is CommandAction.ESCALATE]
 
 
 def test_verify_reproduces_every_conclusion(run_dir: Path) -> None:

@@ -331,3 +331,97 @@ def test_a_spare_is_probed_on_its_node_for_storage_and_its_agent(
     finally:
         held.close()
         subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)
+
+
+def test_a_cancelled_allocation_is_said_once_and_no_restart_runs_in_it(cluster: SlurmCluster,
+                                                                       tmp_path: Path) -> None:
+    """``scancel`` of the allocation (what a user, or the time limit, does): the actuator reads
+    Slurm's final state, says ``job.ended`` once, signed, and a migrate decided before decide
+    read it fails saying why, with nothing fenced or launched."""
+    import asyncio
+
+    from tests import keys
+    from trainguard.actuators import signing
+    from trainguard.actuators.service import Actuator, ActuatorOptions
+    from trainguard.bus.memory import MemoryBus
+    from trainguard.events.clock import now_us
+    from trainguard.events.codec import make_event
+    from trainguard.events.envelope import Event, Subject
+    from trainguard.events.payloads import (
+        Command,
+        CommandAction,
+        CommandOutcome,
+        JobEnded,
+        MigrateParams,
+        OutcomeStatus,
+        SchedulerEnd,
+    )
+    from trainguard.events.topics import TopicRole
+
+    cli, alloc = allocate(cluster)
+    info = cluster.info()
+    assert info is not None
+    job = JobSpec(job_id="sj-end", world_size=2, command=("sleep", "300"),
+                  units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
+                         UnitSpec("tgn3", ())),
+                  ckpt_dir=Path(info.shared_dir), grace_s=1.0, log_dir=tmp_path / "logs")
+    be = SlurmBackend(cli, alloc, tmp_path)
+    assert be.job_end() is None  # running
+    bus = MemoryBus()
+    opts = ActuatorOptions(job=job, key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True, watch_s=0.5)
+
+    def ended() -> list[Event]:
+        return [e for e in bus.events(TopicRole.OUTCOMES) if isinstance(e.payload, JobEnded)]
+
+    def outcomes() -> list[CommandOutcome]:
+        return [e.payload for e in bus.events(TopicRole.OUTCOMES)
+                if isinstance(e.payload, CommandOutcome)]
+
+    async def go() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(Actuator(bus, opts, be).run(stop))
+        loop = asyncio.get_running_loop()
+        try:
+            deadline = loop.time() + 60
+            while len(await asyncio.to_thread(be.live, job)) < 2:
+                assert loop.time() < deadline and not task.done()
+                await asyncio.sleep(0.3)
+            assert ended() == []
+            subprocess.run(["scancel", str(alloc)], env=cli.env, check=True)
+            t0 = loop.time()
+            while not ended():
+                assert loop.time() < t0 + 30 and not task.done()
+                await asyncio.sleep(0.1)
+            took = loop.time() - t0
+            cmd = Command(command_id="cmd-after-end", idempotency_key="k-after-end",
+                          action=CommandAction.MIGRATE, tier=2, issued_at=now_us(),
+                          issued_by="trainguard-decide",
+                          params=MigrateParams(rank=1, ranks=[1], from_unit="tgn2",
+                                               from_units=["tgn2"], reason="process exit"))
+            cmd = signing.sign(keys.COMMAND, job.job_id, Subject(rank=1), cmd)
+            await bus.publish([make_event(cmd, event_id="ev-after-end", job_id=job.job_id,
+                                          event_time=cmd.issued_at, source="test",
+                                          subject=Subject(rank=1))])
+            while not any(o.status is OutcomeStatus.FAILED for o in outcomes()):
+                assert loop.time() < t0 + 60 and not task.done()
+                await asyncio.sleep(0.1)
+            return took
+        finally:
+            stop.set()
+            await task
+
+    try:
+        took = asyncio.run(asyncio.wait_for(go(), 180))
+        (said,) = ended()
+        assert signing.verify_event(keys.ACTUATOR_PUBS, said) is None
+        p = said.payload
+        assert isinstance(p, JobEnded)
+        assert (p.end, p.state, p.allocation) == (SchedulerEnd.CANCELLED, "CANCELLED",
+                                                  f"slurm:{alloc}")
+        final = outcomes()[-1]
+        assert final.status is OutcomeStatus.FAILED and "the scheduler ended" in final.detail
+        assert be.epoch(job) == 1  # nothing relaunched
+        print(f"allocation {alloc} cancelled: job.ended said after {took:.2f} s")
+    finally:
+        subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)

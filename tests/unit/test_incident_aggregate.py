@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import orjson
 import pytest
 
 from trainguard.events.codec import decode, encode, make_event
@@ -15,9 +16,11 @@ from trainguard.events.payloads import (
     CommandAction,
     CommandOutcome,
     IncidentTransition,
+    JobEnded,
     OutcomeStatus,
     RestartData,
     RetryCondition,
+    SchedulerEnd,
     Severity,
     StepReport,
     Verdict,
@@ -26,6 +29,7 @@ from trainguard.events.payloads import (
 from trainguard.incidents import IncidentSettings, rebuild, rebuild_incidents
 from trainguard.incidents.aggregate import incident_id, transition_id
 from trainguard.incidents.model import Incident
+from trainguard.incidents.state_codec import book_from_doc, book_to_doc
 from trainguard.incidents.synth import S, Scenario, incident_log
 
 LOG = incident_log()
@@ -214,3 +218,32 @@ def test_an_escalation_naming_no_verdict_joins_by_rank() -> None:
                            params={"rank": 5}), t + 9 * S, Subject(rank=5), "o")
     (inc,) = incidents([v, mig, other])
     assert path(inc)[-1] == ("mitigating", 2)  # another rank's escalation is not this one's
+
+
+def _ended(t: int, end: SchedulerEnd, reason: str = "") -> Event:
+    return make_event(JobEnded(end=end, allocation="slurm:7", state=end.value.upper(),
+                               reason=reason),
+                      event_id=derived_id("ended", t), job_id="job-a", event_time=t,
+                      source="test")
+
+
+@pytest.mark.parametrize(("end", "final"), [(SchedulerEnd.CANCELLED, "ended"),
+                                            (SchedulerEnd.TIMEOUT, "ended"),
+                                            (SchedulerEnd.NODE_FAIL, "unrecoverable")])
+def test_the_scheduler_ending_the_job_ends_its_incidents_and_opens_no_more(
+        end: SchedulerEnd, final: str) -> None:
+    t = 1_800_000_000_000_000
+    exits = [_verdict(f"x{r}", "process_exit", t + r, Subject(node="n1", rank=r))
+             for r in range(2)]
+    later = _verdict("late", "rank_silent", t + 30 * S, Subject(node="n2", rank=3))
+    books = rebuild_incidents([*exits, _ended(t + S, end, "TimeLimit"), later])
+    (inc,) = books["job-a"].incidents.values()
+    assert path(inc) == [("detected", None), ("located", None), (final, None)]
+    reason = payloads(inc.transitions)[-1].reason
+    assert end.value.upper() in reason and "slurm:7" in reason and "TimeLimit" in reason
+    assert inc.terminal and inc.closed_at == t + S
+    # the end survives the live fold's snapshot: a verdict after it still opens nothing
+    book = book_from_doc(orjson.loads(orjson.dumps(book_to_doc(books["job-a"]))),
+                         IncidentSettings())
+    assert book.apply(_verdict("later", "node_silent", t + 40 * S, Subject(node="n2"))) == []
+    assert len(book.incidents) == 1

@@ -18,11 +18,13 @@ from trainguard.events.payloads import (
     CheckpointEvent,
     CommandAction,
     CommandOutcome,
+    JobEnded,
     MigrateParams,
     OutcomeStatus,
     PoolUnit,
     RaiseQuotaParams,
     RetryCondition,
+    SchedulerEnd,
     Severity,
     UnitState,
     Verdict,
@@ -122,9 +124,10 @@ def feed(s: PolicyState, events: list[Event], now: int) -> tuple[PolicyState, li
 
 def settled(s: PolicyState, events: list[Event],
             now: int) -> tuple[PolicyState, list[Decision]]:
-    """Feed at ``now``, then tick once the settle time is over."""
+    """Feed at ``now``, then tick once the settle time is over (the longer one, of exits that
+    nobody accounted for, included)."""
     s, first = feed(s, events, now)
-    s, later = feed(s, [], now + int(CFG.settle_s * S))
+    s, later = feed(s, [], now + int(max(CFG.settle_s, CFG.scheduler_settle_s) * S))
     return s, first + later
 
 
@@ -753,3 +756,61 @@ def test_a_refused_restart_is_decided_afresh_when_the_silence_that_explains_it_a
     assert migrate(third) == p and third.command.idempotency_key not in (
         first.command.idempotency_key, again.command.idempotency_key)
     assert s.pending[third.command.idempotency_key].retry_since == 22 * S
+
+
+# --- a job the scheduler ended -------------------------------------------------------------
+
+
+def job_ended(t: int, end: SchedulerEnd = SchedulerEnd.CANCELLED) -> Event:
+    return make_event(JobEnded(end=end, allocation="slurm:7", state=end.value.upper()),
+                      event_id=derived_id("ended", t), job_id=JOB, event_time=t, source="test")
+
+
+def scancelled(t: int, ranks: int = 4) -> list[Event]:
+    """Every rank killed at once by the scheduler: exits nobody read, nobody declared."""
+    return [verdict("process_exit", r, t + 1_000 * r, pid=100 + r) for r in range(ranks)]
+
+
+def test_exits_nobody_accounted_for_wait_for_the_schedulers_word_and_it_ends_the_job() -> None:
+    s = pool()
+    s, out = feed(s, scancelled(10 * S), 10 * S)
+    s, out = feed(s, [], 10 * S + int(CFG.settle_s * S))
+    assert out == []  # the normal window is over; the job waits for the actuator's word
+    s, out = feed(s, [job_ended(10 * S + int(1.5 * S))], 10 * S + int(1.5 * S))
+    assert out == []
+    s, out = feed(s, [], 10 * S + int(CFG.scheduler_settle_s * S) + 1)
+    assert out == [] and s.held == {} and JOB in s.stopped
+    # later verdicts and ladders of the ended job move nothing, and nobody is called
+    s, out = settled(s, [verdict("straggler", 2, 20 * S), verdict("rank_silent", 1, 20 * S)],
+                     20 * S)
+    assert out == []
+
+
+def test_without_the_schedulers_word_the_unaccounted_exits_are_decided_after_its_wait() -> None:
+    s = pool()
+    s, _ = feed(s, scancelled(10 * S, ranks=1), 10 * S)
+    s, out = feed(s, [], 10 * S + int(CFG.scheduler_settle_s * S) - 1)
+    assert out == []
+    s, out = feed(s, [], 10 * S + int(CFG.scheduler_settle_s * S))
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+
+
+def test_one_exit_that_accounts_for_itself_brings_back_the_normal_window() -> None:
+    # a rank killed alone says nothing, but its peers say at once that they lost it
+    s = pool(spares=1)
+    events = [verdict("process_exit", 1, 10 * S, pid=101),
+              verdict("process_exit", 0, 10 * S + 5, pid=100, said=(3, "peer_lost"))]
+    s, out = feed(s, events, 10 * S + 5)
+    s, out = feed(s, [], 10 * S + 5 + int(CFG.settle_s * S))
+    assert [(d.command.action, migrate(d).ranks) for d in out] == [(CommandAction.MIGRATE, [1])]
+
+
+def test_a_job_ended_under_its_restart_drops_the_restart_and_calls_nobody() -> None:
+    s, out = settled(pool(), [verdict("rank_silent", 0, 10 * S)], 10 * S)
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+    s, more = feed(s, [job_ended(11 * S, SchedulerEnd.TIMEOUT),
+                       outcome(out[0], OutcomeStatus.FAILED, 11 * S, "migrate: the scheduler "
+                               "ended the job's allocation slurm:7 (TIMEOUT)")], 11 * S)
+    assert more == [] and s.pending == {} and s.ended == {JOB: SchedulerEnd.TIMEOUT}
+    s, more = feed(s, [], 11 * S + int(CFG.outcome_timeout_s * S) + 1)
+    assert more == []

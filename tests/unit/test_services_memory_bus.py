@@ -15,7 +15,14 @@ import pytest
 
 from tests import keys
 from trainguard.actuators import signing
-from trainguard.actuators.backend import KnowsHealth, Released, Replica, SetsQuota, StaleAction
+from trainguard.actuators.backend import (
+    KnowsHealth,
+    Released,
+    Replica,
+    SetsQuota,
+    StaleAction,
+    WatchesAllocation,
+)
 from trainguard.actuators.decider import Decider, DeciderOptions
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.policy import PolicyConfig
@@ -38,10 +45,12 @@ from trainguard.events.payloads import (
     CommandOutcome,
     IncidentState,
     IncidentTransition,
+    JobEnded,
     MigrateParams,
     OutcomeStatus,
     PoolUnit,
     RaiseQuotaParams,
+    SchedulerEnd,
     Severity,
     StopProof,
     UnitState,
@@ -99,6 +108,52 @@ def _exit_verdict() -> Event:
 
 def _commands(bus: MemoryBus) -> list[Event]:
     return [e for e in bus.events(TopicRole.COMMANDS) if isinstance(e.payload, Command)]
+
+
+def _scancelled_exits() -> list[Event]:
+    """Every rank killed at once by the scheduler: exits whose status nobody read, declared
+    by nobody (as under Slurm's ``scancel``)."""
+    return [make_event(Verdict(verdict_id=f"v-x{r}", rule="process_exit",
+                               kind=VerdictKind.PROCESS_EXIT, state=VerdictState.OPEN,
+                               severity=Severity.CRITICAL, first_anomalous_time=T + r,
+                               decided_time=T + r, evidence={"pid": 100 + r}),
+                       event_id=f"ev-exit-{r}", job_id=JOB, event_time=T + r, source="test",
+                       subject=Subject(rank=r, node="n1")) for r in (0, 1)]
+
+
+def _job_ended() -> Event:
+    return make_event(JobEnded(end=SchedulerEnd.CANCELLED, allocation="slurm:7",
+                               state="CANCELLED"),
+                      event_id="ev-ended", job_id=JOB, event_time=T + 500_000, source="test")
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_decide_believes_only_a_signed_job_end_and_then_calls_nobody(signed: bool) -> None:
+    """The exits of a job the scheduler ended move nothing once the actuator's signed word is
+    read; an unsigned ``job.ended`` (anyone can write to the outcomes topic) is not believed:
+    the exits are decided as failures once the wait for that word is over."""
+    bus = MemoryBus()
+    opts = DeciderOptions(key=KEY, actuators=keys.ACTUATOR_PUBS,
+                          policy=PolicyConfig(settle_s=0, scheduler_settle_s=0.3), tick_s=0.02)
+    pool = [_unit("u0", UnitState.BOUND, 0, 100), _unit("u1", UnitState.BOUND, 1, 101),
+            _unit("spare", UnitState.SPARE, None, None)]
+
+    async def go() -> Decider:
+        log = [*pool, *_scancelled_exits()] + ([_job_ended()] if signed else [])
+        await bus.publish(signing.sign_log(log, keys.COMMAND, keys.ACTUATOR))
+        if not signed:
+            await bus.publish([_job_ended()])
+        decider = Decider(bus, opts)
+        await run_until(decider.run, lambda: bool(_commands(bus)), limit_s=2.0)
+        return decider
+
+    decider = asyncio.run(asyncio.wait_for(go(), 60))
+    if signed:
+        assert _commands(bus) == [] and decider.state.ended == {JOB: SchedulerEnd.CANCELLED}
+    else:
+        assert [c.payload.action for c in _commands(bus)
+                if isinstance(c.payload, Command)] == [CommandAction.MIGRATE]
+        assert decider.state.ended == {}
 
 
 def test_decide_reads_the_bus_and_publishes_one_signed_migrate_and_never_twice() -> None:
@@ -472,3 +527,61 @@ async def _metrics_until(service: MetricsService, stop: asyncio.Event) -> None:
         await service.run()
     finally:
         waiter.cancel()
+
+
+class AllocationBackend(FakeBackend):
+    """A backend whose job lives in a scheduler's allocation, which a test ends (as Slurm's
+    ``scancel`` of it, or its time limit)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.end: JobEnded | None = None
+        self.asked = 0
+
+    def job_end(self) -> JobEnded | None:
+        self.asked += 1
+        return self.end
+
+
+def _restart_command(key: str) -> Event:
+    cmd = Command(command_id=f"cmd-{key}", idempotency_key=key, action=CommandAction.MIGRATE,
+                  tier=2, issued_at=now_us(), issued_by="trainguard-decide",
+                  params=MigrateParams(rank=0, resume=True, reason=VerdictKind.PROCESS_EXIT,
+                                       ranks=[0], from_unit="u0", from_units=["u0"]))
+    cmd = signing.sign(KEY, JOB, Subject(rank=0), cmd)
+    return make_event(cmd, event_id=f"ev-{key}", job_id=JOB, event_time=cmd.issued_at,
+                      source="test", subject=Subject(rank=0))
+
+
+def test_the_schedulers_end_of_the_job_is_said_once_signed_and_nothing_is_restarted(
+        tmp_path: Path) -> None:
+    bus = MemoryBus()
+    backend = AllocationBackend()
+    assert isinstance(backend, WatchesAllocation) and not isinstance(FakeBackend(),
+                                                                     WatchesAllocation)
+    opts = ActuatorOptions(job=_job(tmp_path), key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True, watch_s=0.05)
+
+    def ended() -> list[Event]:
+        return [e for e in bus.events(TopicRole.OUTCOMES) if isinstance(e.payload, JobEnded)]
+
+    async def go() -> None:
+        await run_until(Actuator(bus, opts, backend).run, lambda: backend.asked >= 3)
+        assert ended() == []  # still running: nothing said
+        backend.end = JobEnded(end=SchedulerEnd.CANCELLED, allocation="slurm:7",
+                               state="CANCELLED")
+        await run_until(Actuator(bus, opts, backend).run, lambda: bool(ended()))
+        # a migrate decided before decide read the end: failed, nothing fenced or launched
+        await bus.publish([_restart_command("k-after-end")])
+        asked = backend.asked
+        await run_until(Actuator(bus, opts, backend).run, lambda: len(_outcomes(bus)) >= 2)
+        assert backend.asked == asked  # restarted: the end was read back from the log
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    (said,) = ended()  # once, though asked again by a restarted actuator
+    assert signing.verify_event(keys.ACTUATOR_PUBS, said) is None
+    assert said.event_id == derived_id("job.ended", JOB, "slurm:7")
+    final = _outcomes(bus)[-1]
+    assert final.status is OutcomeStatus.FAILED
+    assert "the scheduler ended the job's allocation slurm:7 (CANCELLED)" in final.detail
+    assert set(backend.argvs) == {(0, 1)}  # launched once, at the start, never again

@@ -135,7 +135,8 @@ def test_an_actuator_event_verifies_after_the_wire_and_not_when_copied() -> None
 
 def test_what_must_be_signed_comes_from_the_registry() -> None:
     assert SIGNED_TYPES == {"command": Signer.DECIDE, "command.outcome": Signer.ACTUATOR,
-                            "pool.unit": Signer.ACTUATOR, "replica.refused": Signer.ACTUATOR}
+                            "pool.unit": Signer.ACTUATOR, "replica.refused": Signer.ACTUATOR,
+                            "job.ended": Signer.ACTUATOR}
     for spec in EVENT_TYPES:
         if spec.signed_by is not None:
             assert "signature" in spec.payload.model_fields, spec.name

@@ -12,13 +12,16 @@ from trainguard.actuators.slurm_view import (
     NodeHealth,
     SlurmParseError,
     expand_hostlist,
+    parse_job_state,
     parse_keyvalues,
     parse_scontrol_steps,
     parse_sinfo_json,
     parse_squeue_json,
     pool,
+    scheduler_end,
     steps_on,
 )
+from trainguard.events.payloads import SchedulerEnd
 
 pytestmark = pytest.mark.unit
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -109,3 +112,28 @@ def test_only_scancels_known_false_failure_is_ignored(message: str, step: str,
                                                       spurious: bool) -> None:
     from trainguard.actuators.slurm_cli import spurious_cancel_error
     assert spurious_cancel_error(message, step) is spurious
+
+
+def test_the_allocations_end_from_squeues_job_state() -> None:
+    text = (FIX / "squeue_job_states.txt").read_text()
+    assert parse_job_state(text, 3) == ("RUNNING", "")
+    assert parse_job_state(text, 1) == ("CANCELLED", "")
+    assert parse_job_state(text, 2) == ("TIMEOUT", "TimeLimit")
+    assert parse_job_state(text, 9) is None
+    assert [scheduler_end(s) for s in ("RUNNING", "PENDING", "COMPLETING", "SUSPENDED")] == \
+        [None] * 4
+    assert scheduler_end("CANCELLED") is SchedulerEnd.CANCELLED
+    assert scheduler_end("NODE_FAIL") is SchedulerEnd.NODE_FAIL
+    assert scheduler_end(None) is SchedulerEnd.GONE  # aged out of slurmctld's memory
+    assert SchedulerEnd.TIMEOUT.deliberate and not SchedulerEnd.NODE_FAIL.deliberate
+    with pytest.raises(SlurmParseError, match=r"is not id\|STATE\|reason"):
+        parse_job_state("3 RUNNING None\n", 3)
+
+
+@given(st.text(max_size=200), st.integers(0, 10**6))
+def test_the_job_state_parser_never_raises_anything_else(text: str, job: int) -> None:
+    try:
+        got = parse_job_state(text, job)
+    except SlurmParseError:
+        return
+    assert got is None or (got[0] == got[0].upper() and got[0])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
-from trainguard.events.payloads import StopProof
+from trainguard.events.payloads import JobEnded, StopProof
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,16 @@ class UnitNodes(Protocol):
     node-level verdict (``node_silent`` at ``tgn2``) finds the ranks bound there."""
 
     def node_of(self, unit: str) -> str: ...
+
+
+@runtime_checkable
+class WatchesAllocation(Protocol):
+    """A backend whose job lives in a scheduler's allocation, which the scheduler may end
+    (Slurm: a cancel, the time limit, preemption, a failed node without ``--no-kill``). The
+    actuator asks about every second and before every restart; once it has ended, the
+    actuator says so on the log (``job.ended``), once, and restarts nothing."""
+
+    def job_end(self) -> JobEnded | None:
+        """How the scheduler ended the allocation; None while it lives. Raises ``OSError``
+        when the scheduler cannot be asked."""
+        ...

@@ -40,16 +40,17 @@ from trainguard.bus.consumer import Delivered
 from trainguard.bus.errors import Fenced
 from trainguard.bus.protocol import Bus, EventSink, EventSource, Lease
 from trainguard.events.clock import now_us
-from trainguard.events.codec import make_event
+from trainguard.events.codec import make_event, type_of_payload
 from trainguard.events.envelope import Event
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import Command, Verdict
+from trainguard.events.registry import BY_NAME
 from trainguard.events.topics import TopicRole
 
 log = logging.getLogger(__name__)
 SOURCE = "trainguard-decide"
-ROLES = (TopicRole.COMMANDS, TopicRole.OUTCOMES, TopicRole.VERDICTS, TopicRole.TASK)
-INPUT_TYPES = frozenset({"verdict", "command", "command.outcome", "pool.unit", "checkpoint"})
+INPUT_TYPES = frozenset(type_of_payload(model).name for model in policy.INPUTS)
+ROLES = tuple(role for role in TopicRole if any(BY_NAME[t].topic is role for t in INPUT_TYPES))
 
 
 @dataclass(frozen=True)

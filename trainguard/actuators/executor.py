@@ -52,6 +52,7 @@ from trainguard.actuators.backend import (
     Replica,
     SetsQuota,
     UnitNodes,
+    WatchesAllocation,
 )
 from trainguard.actuators.fencing import FenceError, is_stale
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
@@ -79,6 +80,7 @@ from trainguard.events.payloads import (
     FenceData,
     FlatMap,
     Heartbeat,
+    JobEnded,
     MigrateParams,
     OutcomeStatus,
     PoolUnit,
@@ -145,6 +147,8 @@ class Executor:
         self._fault_at = fault
         self._doing = "launch"  # the action under way, for the fault points
         self._refused: set[tuple[int, int, int | None]] = set()
+        self.ended: JobEnded | None = None  # the scheduler ended the job's allocation
+        self._watch_failing = False
 
     def _fault(self, point: str) -> None:
         self._fault_at(f"{self._doing}:{point}")
@@ -176,6 +180,29 @@ class Executor:
         self.emit(make_event(payload, event_id=new_event_id(), job_id=self.job.job_id,
                              event_time=now_us(), source=SOURCE,
                              subject=Subject(node=node, unit=unit, rank=rank)))
+
+    def watch_allocation(self) -> JobEnded | None:
+        """Has the scheduler ended the job's allocation (a backend that ``WatchesAllocation``)?
+        The first time it has, say so on the log (``job.ended``, its id derived from the
+        allocation: a restarted actuator says the same event again). None while it lives, with
+        no scheduler, or when the scheduler cannot be asked (logged once until it answers)."""
+        if self.ended is not None or not isinstance(self.backend, WatchesAllocation):
+            return self.ended
+        try:
+            end = self.backend.job_end()
+        except OSError as exc:
+            if not self._watch_failing:
+                log.warning("actuator %s: cannot read the allocation's state: %s",
+                            self.job.job_id, exc)
+            self._watch_failing = True
+            return None
+        self._watch_failing = False
+        if end is not None:
+            self.ended = end
+            self.emit(make_event(end, event_id=derived_id("job.ended", self.job.job_id,
+                                                          end.allocation),
+                                 job_id=self.job.job_id, event_time=now_us(), source=SOURCE))
+        return end
 
     # --- the job --------------------------------------------------------------------------
 
@@ -359,6 +386,8 @@ class Executor:
                               EscalateData(reason=reason))
             return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: not supported")
         except (FenceError, JobSpecError, OSError) as exc:
+            if cmd.action in (CommandAction.MIGRATE, CommandAction.RESUME):
+                self.watch_allocation()  # ended under the restart: say so before the failure
             return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: {exc}")
 
     def _rank(self, cmd: Command) -> int | None:
@@ -401,6 +430,11 @@ class Executor:
 
     def _restart(self, cmd: Command) -> Result:
         job = self.job.job_id
+        end = self.watch_allocation()
+        if end is not None:
+            return Result(OutcomeStatus.FAILED, f"{cmd.action.value}: the scheduler ended the "
+                          f"job's allocation {end.allocation} ({end.state}): there is nothing to "
+                          "restart the job in")
         bound = self.pool.bound(job)
         placement = {r: u.name for r, u in bound.items()}
         if len(placement) != self.job.world_size:

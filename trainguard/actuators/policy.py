@@ -58,6 +58,16 @@ The ladder, lightest first:
   a survivor and kept the lost node, whose storage the actuator could not reach).
 - restart-storm guard: ``storm_restarts`` restarts within ``storm_window_s`` without the job's
   checkpoint step moving -> ``escalate`` and stop acting on the job.
+- the scheduler ended the job (``job.ended``: a cancel, the time limit, a failed allocation)
+  -> stop acting on the job for good, with no command and no escalation: there is nothing
+  left to restart it in, and the incident says how it ended (a failed allocation ends it
+  unrecoverable, which is told to humans). What is held, waiting or pending for the job is
+  dropped. When the scheduler kills every rank at once, the exits come before the actuator's
+  word: exits nobody could read and no rank accounted for (no code, no signal, no
+  declaration: under Slurm every rank killed by ``scancel``) are all alike, and a job whose
+  held failures are only such exits is held ``scheduler_settle_s`` rather than ``settle_s``.
+  A rank killed alone is the same kind of exit, but its peers declare they lost it at once,
+  and the normal window applies.
 
 Every command's idempotency key is derived from its cause (job, verdict, action, tier), so the
 same history gives the same keys: a restarted decision service re-derives them and skips what
@@ -92,17 +102,23 @@ from trainguard.events.payloads import (
     DepartureCause,
     EscalateParams,
     ExitEvidence,
+    JobEnded,
     MigrateParams,
     OutcomeStatus,
+    Payload,
     PoolUnit,
     RaiseQuotaParams,
     ResumeParams,
+    SchedulerEnd,
     Verdict,
     VerdictClass,
     VerdictKind,
     VerdictState,
 )
 
+# what ``step`` folds (every other event leaves the state as it is): decide reads these types
+INPUTS: tuple[type[Payload], ...] = (Verdict, Command, CommandOutcome, PoolUnit, CheckpointEvent,
+                                     JobEnded)
 RESTARTS = frozenset({CommandAction.MIGRATE, CommandAction.RESUME})
 FINAL = frozenset({OutcomeStatus.DONE, OutcomeStatus.FAILED, OutcomeStatus.TIMED_OUT,
                    OutcomeStatus.REFUSED})
@@ -136,9 +152,13 @@ class PolicyConfig:
     # consequence of another rank's failure, not a fault of its own unit (3: the reference
     # workload's EXIT_PEER_LOST)
     peer_exit_codes: tuple[int, ...] = (3,)
+    # a job whose held failures are only exits nobody accounted for waits this long for the
+    # actuator's word that the scheduler ended it (its watch polls about every second)
+    scheduler_settle_s: float = 3.0
 
     def __post_init__(self) -> None:
         for name in ("window_s", "settle_s", "backlog_lag_s", "backlog_settle_s",
+                     "scheduler_settle_s",
                      "storm_window_s", "outcome_timeout_s",
                      "retry_backoff_s", "retry_max_backoff_s", "retry_budget_s",
                      "checkpoint_wait_s"):
@@ -230,6 +250,7 @@ class PolicyState:
     ckpt_step: dict[str, int] = field(default_factory=dict)
     stopped: dict[str, str] = field(default_factory=dict)  # job -> why
     retries: dict[str, Retry] = field(default_factory=dict)  # job -> its refused restart
+    ended: dict[str, SchedulerEnd] = field(default_factory=dict)  # job -> how its allocation ended
 
 
 def step(state: PolicyState, event: Event, now_us: int,
@@ -245,6 +266,8 @@ def step(state: PolicyState, event: Event, now_us: int,
         _on_outcome(s, event.job_id, p, now_us, cfg, out)
     elif isinstance(p, PoolUnit):
         s.pool = reduce(s.pool, event)
+    elif isinstance(p, JobEnded):
+        _job_ended(s, event.job_id, p)
     elif isinstance(p, CheckpointEvent) and p.action in (CheckpointAction.WRITTEN,
                                                          CheckpointAction.LOADED):
         s.ckpt_step[event.job_id] = max(s.ckpt_step.get(event.job_id, -1), p.step)
@@ -256,9 +279,9 @@ def step(state: PolicyState, event: Event, now_us: int,
 def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyState, list[Decision]]:
     s = _copy(state)
     out: list[Decision] = []
-    settle = int(cfg.settle_s * 1e6)
     for job in sorted(s.held):
-        if now_us - s.held_since[job] >= settle and now_us >= s.held_until.get(job, 0):
+        settle = cfg.scheduler_settle_s if all(map(_unaccounted, s.held[job])) else cfg.settle_s
+        if now_us - s.held_since[job] >= int(settle * 1e6) and now_us >= s.held_until.get(job, 0):
             _decide_failure(s, job, s.held.pop(job), now_us, cfg, out)
             del s.held_since[job]
             s.held_until.pop(job, None)
@@ -295,6 +318,20 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
                       f"{pend.tier}) within {cfg.outcome_timeout_s:.0f} s", key, pend.rank,
                       now_us, cfg, out)
     return s, out
+
+
+def _job_ended(s: PolicyState, job: str, e: JobEnded) -> None:
+    """The scheduler ended the job's allocation: nothing more is done for the job."""
+    s.ended[job] = e.end
+    s.stopped.setdefault(job, f"the scheduler ended the job ({e.state})")
+    s.held.pop(job, None)
+    s.held_since.pop(job, None)
+    s.held_until.pop(job, None)
+    s.retries.pop(job, None)
+    for name in [n for n, lad in s.ladders.items() if lad.job == job]:
+        del s.ladders[name]
+    for key in [k for k, pend in s.pending.items() if pend.job == job]:
+        del s.pending[key]
 
 
 def _restored(s: PolicyState, job: str, now_us: int) -> None:
@@ -479,6 +516,13 @@ def _consequence(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
             and (_code(ov) is None or _blames_a_peer(ov, cfg)))
 
 
+def _unaccounted(ov: OpenVerdict) -> bool:
+    """An exit nobody could read that the rank did not account for: no code, no signal, no
+    declaration (under Slurm, a rank killed by a signal, ``scancel`` among them)."""
+    return (ov.kind is VerdictKind.PROCESS_EXIT and ov.signal is None and _code(ov) is None
+            and ov.declared_cause is None)
+
+
 def _software_exit(ov: OpenVerdict, cfg: PolicyConfig) -> bool:
     """A rank that ended itself with an error code (an exception, an assertion): no signal, a
     code read (or, unread, declared as its own error), neither 0 nor a peer-lost code, nor
@@ -653,6 +697,8 @@ def _late_failures(s: PolicyState, p: Pending) -> list[OpenVerdict]:
 
 def _escalate(s: PolicyState, job: str, reason: str, cause: str, rank: int | None,
               now_us: int, cfg: PolicyConfig, out: list[Decision]) -> None:
+    if job in s.ended:
+        return  # the scheduler ended it: no human is called about a job that is over
     _issue(s, job, ESCALATION_TIER, cause, EscalateParams(reason=reason, rank=rank), now_us, cfg,
            out)
 

@@ -16,12 +16,16 @@ the command's outcome is published then), optionally launches the job, then cons
 - the task topic (no group, from now): step reports and heartbeats with a stale binding epoch
   are refused (``replica.refused``); the process is killed only if the replica journal
   recorded exactly that replica and proves it alive (pidfd + start time + boot id).
+Between polls, about every ``watch_s``, a backend whose job lives in a scheduler's allocation
+(``WatchesAllocation``: Slurm) is asked whether the scheduler ended it; the first time it has,
+``job.ended`` goes on the log (once: a restarted actuator finds it there).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +50,7 @@ from trainguard.events.payloads import (
     Command,
     CommandOutcome,
     FenceData,
+    JobEnded,
     OutcomeStatus,
     RestartData,
     no_data,
@@ -66,6 +71,7 @@ class ActuatorOptions:
     launch: bool = False
     max_age_s: float = 60.0
     group_id: str | None = None
+    watch_s: float = 1.0  # how often the scheduler is asked whether it ended the allocation
 
 
 class Actuator:
@@ -142,6 +148,8 @@ class Actuator:
         executor = Executor(self.opts.job, self.backend,
                             self._emit_threadsafe(loop),
                             rebuild(mine), self.journal, fault_from_env())
+        # said already (by this actuator before a restart): never said twice
+        executor.ended = next((e.payload for e in mine if isinstance(e.payload, JobEnded)), None)
         if self.journal.skipped:
             log.warning("actuator %s: %d corrupt record(s) of %s skipped", job,
                         self.journal.skipped, self.journal.path)
@@ -227,8 +235,12 @@ class Actuator:
                                  dlq=self.producer, from_offset="latest")
         await commands.start()
         await task.start()
+        watched = 0.0
         try:
             while not stop.is_set():
+                if ex.ended is None and time.monotonic() - watched >= self.opts.watch_s:
+                    watched = time.monotonic()
+                    await asyncio.to_thread(ex.watch_allocation)
                 for d in await commands.poll(timeout_ms=200):
                     if d.event.job_id == job and isinstance(d.event.payload, Command):
                         await self._guarded(commands, d, self.handle(ex, d.event))

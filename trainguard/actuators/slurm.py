@@ -23,6 +23,9 @@ tier 2 (a node-local cgroup through the node's agent would be the one way to bui
 built). A save request is
 ``scancel --signal=USR1`` to the step; a spare is probed by a step on the node before it takes
 a rank: the job's storage reached, and the node's agent answering on the job's agent socket.
+
+The allocation is Slurm's to end (``scancel`` of it, its time limit): ``job_end`` reads its
+final state from ``squeue``, and the actuator then says ``job.ended`` and restarts nothing.
 """
 
 from __future__ import annotations
@@ -55,8 +58,15 @@ from trainguard.actuators.slurm_steps import (
     step_name,
     step_record_of,
 )
-from trainguard.actuators.slurm_view import NodeHealth, SlurmNode, SlurmPool, pool
-from trainguard.events.payloads import StopProof
+from trainguard.actuators.slurm_view import (
+    NodeHealth,
+    SlurmNode,
+    SlurmParseError,
+    SlurmPool,
+    pool,
+    scheduler_end,
+)
+from trainguard.events.payloads import JobEnded, StopProof
 
 log = logging.getLogger(__name__)
 _SRUN_EXIT = re.compile(r"^srun: error: \S+: tasks? [\d,-]+: Exited with exit code \d+$")
@@ -87,6 +97,20 @@ class SlurmBackend:
         if job is None:
             raise OSError(f"Slurm lists no job {self.alloc} (the allocation is gone)")
         return pool(self.cli.nodes(), job)
+
+    def job_end(self) -> JobEnded | None:
+        """The allocation's end, from ``squeue`` filtered to it (Slurm lists an ended job for
+        ``MinJobAge`` seconds, then not at all: ``gone``)."""
+        try:
+            state = self.cli.job_state(self.alloc)
+        except (SlurmCliError, SlurmParseError) as exc:
+            raise OSError(str(exc)) from None
+        end = scheduler_end(state[0] if state is not None else None)
+        if end is None:
+            return None
+        said, reason = state if state is not None else ("not listed", "")
+        return JobEnded(end=end, allocation=f"slurm:{self.alloc}", state=said[:64],
+                        reason=reason[:1024])
 
     def live(self, job: JobSpec) -> list[Replica]:
         try:

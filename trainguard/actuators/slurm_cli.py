@@ -18,9 +18,11 @@ import time
 from collections.abc import Mapping, Sequence
 
 from trainguard.actuators.slurm_view import (
+    JOB_STATE_FORMAT,
     SlurmJob,
     SlurmNode,
     SlurmStep,
+    parse_job_state,
     parse_scontrol_steps,
     parse_sinfo_json,
     parse_squeue_json,
@@ -70,6 +72,19 @@ class SlurmCli:
 
     def job(self, job_id: int) -> SlurmJob | None:
         return next((j for j in self.jobs() if j.job_id == job_id), None)
+
+    def job_state(self, job_id: int) -> tuple[str, str] | None:
+        """The job's state and reason, asked of slurmctld for that job alone (``squeue --json``
+        lists the whole queue in 22.05, whatever ``--jobs`` says); None when Slurm does not
+        list it."""
+        try:
+            out = self._run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}",
+                             f"--format={JOB_STATE_FORMAT}"])
+        except SlurmCliError as exc:
+            if str(exc).endswith("Invalid job id specified"):
+                return None
+            raise
+        return parse_job_state(out, job_id)
 
     def steps(self) -> list[SlurmStep]:
         return parse_scontrol_steps(self._run(["scontrol", "-o", "show", "step"]))

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from trainguard.compat import StrEnum
+from trainguard.events.payloads import SchedulerEnd
 
 
 class SlurmParseError(ValueError):
@@ -178,6 +179,40 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
                             state=_str(item, "job_state", "squeue --json").upper(),
                             nodes=expand_hostlist(_str(item, "nodes", "squeue --json"))))
     return out
+
+
+JOB_STATE_FORMAT = "%i|%T|%r"  # squeue --format: job id, state (long name), reason
+
+
+def parse_job_state(text: str, job_id: int) -> tuple[str, str] | None:
+    """``squeue --noheader --states=all --jobs=<id> --format=%i|%T|%r`` → the job's state and
+    reason ("" for Slurm's "None"); None when the job is not listed."""
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.strip().split("|", 2)
+        if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit()) or not parts[1]:
+            raise SlurmParseError(f"squeue job state: {line[:80]!r} is not id|STATE|reason")
+        if int(parts[0]) == job_id:
+            return parts[1].upper(), "" if parts[2] == "None" else parts[2]
+    return None
+
+
+# Slurm's final job states, as ``squeue``/``scontrol`` name them, and what each means here
+_FINAL = {"COMPLETED": SchedulerEnd.COMPLETED, "CANCELLED": SchedulerEnd.CANCELLED,
+          "TIMEOUT": SchedulerEnd.TIMEOUT, "PREEMPTED": SchedulerEnd.PREEMPTED,
+          "DEADLINE": SchedulerEnd.DEADLINE, "NODE_FAIL": SchedulerEnd.NODE_FAIL,
+          "FAILED": SchedulerEnd.FAILED, "OUT_OF_MEMORY": SchedulerEnd.OUT_OF_MEMORY,
+          "BOOT_FAIL": SchedulerEnd.BOOT_FAIL}
+
+
+def scheduler_end(state: str | None) -> SchedulerEnd | None:
+    """How Slurm ended the allocation, from its job state: the final state; ``gone`` when Slurm
+    no longer lists the job (None: its record aged out, ``MinJobAge``); None while it lives
+    (pending, running, suspended, completing, requeued: any state that is not final)."""
+    if state is None:
+        return SchedulerEnd.GONE
+    return _FINAL.get(state)
 
 
 _KV = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z/:_]*)=")

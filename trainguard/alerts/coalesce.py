@@ -27,8 +27,7 @@ from trainguard.alerts.model import (
 )
 from trainguard.events.payloads import Severity, VerdictKind
 
-_END_KIND = {Phase.RECOVERED: NoticeKind.RECOVERED, Phase.ESCALATED: NoticeKind.ESCALATED,
-             Phase.UNRECOVERABLE: NoticeKind.UNRECOVERABLE}
+_END_KIND = {phase: NoticeKind(phase.value) for phase in END_PHASES}
 
 
 def plan(announced: Phase, desired: Phase) -> tuple[NoticeKind, ...]:
@@ -37,6 +36,8 @@ def plan(announced: Phase, desired: Phase) -> tuple[NoticeKind, ...]:
         return ()
     if desired == Phase.OPEN:
         return (NoticeKind.OPENED,) if announced == Phase.NONE else (NoticeKind.REOPENED,)
+    if desired == Phase.ENDED and announced == Phase.NONE:
+        return ()  # the scheduler ended the job before anyone was told: nothing to tell
     end = _END_KIND[desired]
     return (NoticeKind.OPENED, end) if announced == Phase.NONE else (end,)
 
@@ -126,7 +127,8 @@ class Coalescer:
                 continue
             kinds = plan(inc.announced, inc.desired)
             out.extend(inc.notice(k) for k in kinds)
-            inc.announced = inc.desired
+            if kinds:  # an incident never told stays untold: told later, it opens first
+                inc.announced = inc.desired
             inc.dirty_since = None
             inc.last_kind = kinds[-1] if kinds else inc.last_kind
         self._forget(now)
@@ -156,7 +158,7 @@ class Coalescer:
 
     def _forget(self, now: float) -> None:
         stale = [key for key, inc in self._incidents.items()
-                 if inc.dirty_since is None and inc.announced in END_PHASES
+                 if inc.dirty_since is None and inc.desired in END_PHASES
                  and now - inc.touched >= self.retain_s]
         for key in stale:
             del self._incidents[key]

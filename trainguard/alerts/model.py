@@ -22,6 +22,7 @@ class Phase(StrEnum):
     RECOVERED = "recovered"
     ESCALATED = "escalated"
     UNRECOVERABLE = "unrecoverable"
+    ENDED = "ended"
 
 
 class NoticeKind(StrEnum):
@@ -30,16 +31,18 @@ class NoticeKind(StrEnum):
     RECOVERED = "recovered"
     ESCALATED = "escalated"
     UNRECOVERABLE = "unrecoverable"
+    ENDED = "ended"  # the scheduler ended the job: told, never firing
 
 
-END_PHASES = frozenset({Phase.RECOVERED, Phase.ESCALATED, Phase.UNRECOVERABLE})
+# every incident state past the active ones, by name
+END_PHASES = frozenset(Phase(s.value) for s in IncidentState if not s.active)
 # Still a problem for a human: Alertmanager keeps these firing.
 FIRING_KINDS = frozenset({NoticeKind.OPENED, NoticeKind.REOPENED, NoticeKind.ESCALATED,
                           NoticeKind.UNRECOVERABLE})
 
 
 def phase_of(state: IncidentState) -> Phase:
-    if state in (IncidentState.DETECTED, IncidentState.LOCATED, IncidentState.MITIGATING):
+    if state.active:
         return Phase.OPEN
     return Phase(state.value)
 

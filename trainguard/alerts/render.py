@@ -26,6 +26,7 @@ MARK = {
     NoticeKind.RECOVERED: "RECOVERED",
     NoticeKind.ESCALATED: "ESCALATED",
     NoticeKind.UNRECOVERABLE: "UNRECOVERABLE",
+    NoticeKind.ENDED: "ENDED",
 }
 DIGEST_LINES = 20
 

@@ -45,6 +45,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--backlog-lag-s", type=float, default=5.0,
                    help="how late a silence verdict must come to count as from a backlog "
                    "(default 5)")
+    p.add_argument("--scheduler-settle-s", type=float, default=3.0,
+                   help="hold a job's failures this long instead when they are only exits "
+                   "nobody accounted for (no code, signal or declaration: every rank killed by "
+                   "the scheduler), for the actuator's word that the scheduler ended the job "
+                   "(default 3)")
     p.add_argument("--quota-pct", type=float,
                    help="tier-1 quota in %% of a core (default: no limit)")
     p.add_argument("--storm-restarts", type=int, default=3,
@@ -84,6 +89,7 @@ def _run(args: argparse.Namespace) -> int:
                            settle_s=args.settle_s, quota_pct=args.quota_pct,
                            backlog_settle_s=args.backlog_settle_s,
                            backlog_lag_s=args.backlog_lag_s,
+                           scheduler_settle_s=args.scheduler_settle_s,
                            storm_restarts=args.storm_restarts,
                            storm_window_s=args.storm_window_s,
                            outcome_timeout_s=args.outcome_timeout_s,

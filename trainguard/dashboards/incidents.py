@@ -6,8 +6,9 @@ from grafanalib.core import Dashboard
 
 from trainguard.dashboards.common import RATE, dashboard, incident_annotation
 from trainguard.dashboards.panels import Grid, heatmap, stat, table, timeseries
+from trainguard.events.payloads import IncidentState
 
-END = "recovered|escalated|unrecoverable"
+END = "|".join(s.value for s in IncidentState if not s.active)
 
 
 def build() -> Dashboard:

@@ -300,7 +300,7 @@ def _open_stragglers(events: list[Event]) -> set[str]:
     return {v for v, s in state.items() if s is VerdictState.OPEN}
 
 
-ENDS = {IncidentState.RECOVERED, IncidentState.ESCALATED, IncidentState.UNRECOVERABLE}
+ENDS = {s for s in IncidentState if not s.active}
 
 
 def fault_incidents(stack: LocalStack, ended_at: int) -> dict[str, IncidentState]:

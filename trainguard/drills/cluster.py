@@ -216,8 +216,12 @@ class ClusterSite:
             self.say(f"[cluster] allocation {alloc} on {','.join(names)}")
             yield alloc
         finally:
-            subprocess.run(["scancel", str(alloc)], env=env, capture_output=True, check=False,
-                           timeout=30)
+            self.cancel(alloc)
+
+    def cancel(self, alloc: int) -> None:
+        """``scancel`` the allocation (again is harmless): its steps get SIGTERM, then SIGKILL."""
+        subprocess.run(["scancel", str(alloc)], env=self.cluster.client_env(),
+                       capture_output=True, check=False, timeout=30)
 
     def step_facts(self, journal: Path, job_id: str, alloc: int, node: str) -> StepFacts:
         """The old steps on the lost node: each journalled step's id and whether Slurm still

@@ -162,6 +162,7 @@ class Progress:
 LAST_EVENTS_GRACE_S = 6.0
 INCIDENTS_QUIET_S = 4.0  # twice the stack's incident idle flush (2 s)
 INCIDENTS_SETTLE_MAX_S = 45.0
+JOB_END_WAIT_S = 10.0  # scancel of the allocation -> the actuator's job.ended (it asks every 1 s)
 
 
 def settled_log(read: Callable[[], list[Event]], quiet_s: float = INCIDENTS_QUIET_S,
@@ -434,10 +435,28 @@ def _close_window(live: _Live) -> Artifacts | None:
 
 
 def _stop_everything(live: _Live) -> None:
-    """The scenario's actuator, its job's ranks and their cgroups."""
+    """The scenario's actuator, its job's ranks and their cgroups. On the Slurm cluster the
+    job is ended as its user would end it, by cancelling the allocation, while the loop still
+    runs: the actuator says ``job.ended`` and decide calls nobody about the ranks' exits."""
+    if live.site is not None and isinstance(live.job, ClusterJob):
+        _cancel_allocation(live.site, live.job.alloc, live.tail)
     live.stack.stop(f"actuator-{live.res.job_id}")
     _stop_job(live.census)
     _remove_cgroups(live.res.job_id)
+
+
+def _cancel_allocation(site: ClusterSite, alloc: int, tail: LogTail,
+                       timeout_s: float = JOB_END_WAIT_S) -> None:
+    """``scancel`` the allocation and wait (a bounded while) for the actuator's ``job.ended``."""
+    site.cancel(alloc)
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while time.monotonic() < deadline:
+        events = tail.events()
+        if any(e.type == "job.ended" for e in events[seen:]):
+            return
+        seen = len(events)
+        tail.wait_for_news(seen, max(0.0, deadline - time.monotonic()))
 
 
 def _record(stack: LocalStack, res: ScenarioRun) -> ScenarioRun:

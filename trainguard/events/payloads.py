@@ -744,6 +744,50 @@ class ReplicaRefused(Payload):
     signature: str | None = None  # the actuator's (registry ``signed_by``)
 
 
+# --- the job's allocation ------------------------------------------------------------------
+
+
+class SchedulerEnd(StrEnum):
+    """How the scheduler ended the job's allocation: Slurm's final job state, lower case
+    (``gone``: Slurm no longer lists the job at all, its record aged out). ``deliberate``: the
+    user or the scheduler's own policy ended it (a cancel, the time limit, preemption, a
+    deadline, the batch script's end), which is no fault of a unit; the others are failures
+    trainguard cannot heal inside an allocation that no longer exists."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    PREEMPTED = "preempted"
+    DEADLINE = "deadline"
+    NODE_FAIL = "node_fail"
+    FAILED = "failed"
+    OUT_OF_MEMORY = "out_of_memory"
+    BOOT_FAIL = "boot_fail"
+    GONE = "gone"
+
+    @property
+    def deliberate(self) -> bool:
+        return self in _DELIBERATE_ENDS
+
+
+_DELIBERATE_ENDS = frozenset({SchedulerEnd.COMPLETED, SchedulerEnd.CANCELLED,
+                              SchedulerEnd.TIMEOUT, SchedulerEnd.PREEMPTED,
+                              SchedulerEnd.DEADLINE})
+
+
+class JobEnded(Payload):
+    """The scheduler ended the job's allocation: there is nothing left to restart the job in.
+    Written once by the actuator, which watches the allocation (Slurm: ``squeue``). Decide
+    stops acting on the job; its open incidents end ``ended`` (a deliberate end) or
+    ``unrecoverable`` (a failure of the allocation itself)."""
+
+    end: SchedulerEnd
+    allocation: Name  # the scheduler's id of the allocation ("slurm:42")
+    state: Annotated[str, Field(max_length=64)]  # the scheduler's own word ("CANCELLED")
+    reason: Annotated[str, Field(max_length=1024)] = ""  # the scheduler's reason, if it gave one
+    signature: str | None = None  # the actuator's (registry ``signed_by``)
+
+
 # --- drills and incidents ------------------------------------------------------------------
 
 
@@ -763,6 +807,24 @@ class IncidentState(StrEnum):
     RECOVERED = "recovered"
     ESCALATED = "escalated"
     UNRECOVERABLE = "unrecoverable"
+    ENDED = "ended"  # the scheduler ended the job on purpose (a cancel, its time limit)
+
+    @property
+    def active(self) -> bool:
+        """Still being worked on: detected, located or mitigating."""
+        return self in _ACTIVE_INCIDENT
+
+    @property
+    def terminal(self) -> bool:
+        """Closed for good: nothing that comes later moves it."""
+        return self in _TERMINAL_INCIDENT
+
+
+_ACTIVE_INCIDENT = frozenset({IncidentState.DETECTED, IncidentState.LOCATED,
+                              IncidentState.MITIGATING})
+# escalated is neither: a human has it, and the loop's own evidence may still recover it
+_TERMINAL_INCIDENT = frozenset({IncidentState.RECOVERED, IncidentState.UNRECOVERABLE,
+                                IncidentState.ENDED})
 
 
 class IncidentTransition(Payload):

@@ -89,6 +89,10 @@ EVENT_TYPES: tuple[EventType, ...] = (
               "A stale replica (old binding epoch) was refused: its reports discarded; killed "
               "only when the actuator launched it and re-proves its pid.",
               ("rank",), signed_by=Signer.ACTUATOR),
+    EventType("job.ended", 1, p.JobEnded, TopicRole.OUTCOMES, "job",
+              "The scheduler ended the job's allocation (cancelled, time limit, node failure, "
+              "...): decide stops acting on the job, its open incidents end.",
+              signed_by=Signer.ACTUATOR),
     EventType("injection", 1, p.Injection, TopicRole.DRILLS, "job",
               "A drill injected (or rolled back) one fault."),
     EventType("incident.transition", 1, p.IncidentTransition, TopicRole.INCIDENTS, "job",

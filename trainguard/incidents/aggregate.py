@@ -20,6 +20,7 @@ from trainguard.events.payloads import (
     CommandOutcome,
     IncidentState,
     IncidentTransition,
+    JobEnded,
     OutcomeStatus,
     PoolUnit,
     Severity,
@@ -45,7 +46,7 @@ from trainguard.incidents.settings import SEVERITY_RANK, SOURCE, IncidentSetting
 
 S = IncidentState
 FOLDED_TYPES = frozenset({"verdict", "command", "command.outcome", "pool.unit", "checkpoint",
-                          "step.report"})
+                          "step.report", "job.ended"})
 FAILED_STATUSES = frozenset({OutcomeStatus.FAILED, OutcomeStatus.TIMED_OUT,
                              OutcomeStatus.REFUSED})
 
@@ -74,6 +75,7 @@ class IncidentBook:
         self._by_verdict: dict[str, str] = {}
         self._by_command: dict[str, str] = {}
         self._seen: set[str] = set()
+        self.ended: Event | None = None  # the scheduler's end of the job (``job.ended``)
 
     # -- entry ------------------------------------------------------------------------------
 
@@ -96,6 +98,8 @@ class IncidentBook:
             return self._pool(event, p)
         if isinstance(p, CheckpointEvent):
             return self._checkpoint(event, p)
+        if isinstance(p, JobEnded):
+            return self._job_ended(event, p)
         return []
 
     def active(self) -> list[Incident]:
@@ -118,6 +122,8 @@ class IncidentBook:
             return []
         home = self._home_for(event.subject, event.event_time, v.severity)
         if home is None:
+            if self.ended is not None:
+                return []  # the ended job's last echoes (its ranks' exits): no new incident
             if SEVERITY_RANK[v.severity] < SEVERITY_RANK[self.settings.open_severity]:
                 return []
             return self._open(event, v)
@@ -243,6 +249,26 @@ class IncidentBook:
                               f"resume {o.status.value}: {o.detail or 'no detail'}")
         return self._settle(inc, event)
 
+    def _job_ended(self, event: Event, e: JobEnded) -> list[Event]:
+        """The scheduler ended the job: every incident still open ends with it, ``ended`` when
+        it was ended on purpose, ``unrecoverable`` when the allocation itself failed."""
+        if self.ended is not None:
+            return []
+        self.ended = event
+        said = e.state + (f" ({e.reason})" if e.reason else "")
+        if e.end.deliberate:
+            to, why = S.ENDED, (f"the scheduler ended the job: {said}, allocation "
+                                f"{e.allocation}; nothing to recover")
+        else:
+            to, why = S.UNRECOVERABLE, (
+                f"the job's allocation {e.allocation} ended {said}: trainguard cannot restart "
+                "the job without one; resubmit it (it resumes from its last valid checkpoint)")
+        out: list[Event] = []
+        for inc in self.active():
+            inc.last_time = event.event_time
+            out += self._move(inc, to, event, why)
+        return out
+
     # -- resources, checkpoints, progress ---------------------------------------------------
 
     def _pool(self, event: Event, u: PoolUnit) -> list[Event]:
@@ -326,7 +352,7 @@ class IncidentBook:
                         subject=inc.subject)
         inc.transitions.append(ev)
         inc.state, inc.tier = to, tier
-        if to in (S.RECOVERED, S.UNRECOVERABLE):
+        if to.terminal:
             inc.closed_at = cause.event_time
         return [ev]
 

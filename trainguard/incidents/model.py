@@ -17,7 +17,7 @@ from trainguard.events.payloads import (
     VerdictKind,
 )
 
-TERMINAL = frozenset({IncidentState.RECOVERED, IncidentState.UNRECOVERABLE})
+TERMINAL = frozenset(s for s in IncidentState if s.terminal)
 HEAVY_ACTIONS = frozenset({CommandAction.MIGRATE, CommandAction.RESUME})
 
 

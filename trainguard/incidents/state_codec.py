@@ -54,7 +54,8 @@ def event_from_doc(doc: Any) -> Event:
 def book_to_doc(book: IncidentBook) -> dict[str, Any]:
     return {"job_id": book.job_id,
             "incidents": [_incident_to_doc(i) for i in book.incidents.values()],
-            "seen": sorted(book._seen)}
+            "seen": sorted(book._seen),
+            "ended": None if book.ended is None else event_to_doc(book.ended)}
 
 
 def book_from_doc(doc: dict[str, Any], settings: IncidentSettings) -> IncidentBook:
@@ -68,6 +69,8 @@ def book_from_doc(doc: dict[str, Any], settings: IncidentSettings) -> IncidentBo
             for cid in inc.commands:
                 book._by_command[cid] = inc.incident_id
         book._seen = {str(i) for i in doc["seen"]}
+        ended = doc.get("ended")  # absent: a snapshot written before the field
+        book.ended = None if ended is None else event_from_doc(ended)
     except (KeyError, TypeError, ValueError, ValidationError) as exc:
         if isinstance(exc, SnapshotError):
             raise

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 from trainguard.events.payloads import IncidentState, IncidentTransition
 
-END_STATES = frozenset({IncidentState.RECOVERED, IncidentState.ESCALATED,
-                        IncidentState.UNRECOVERABLE})
+END_STATES = frozenset(s for s in IncidentState if not s.active)
 
 
 @dataclass

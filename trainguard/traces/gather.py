@@ -26,8 +26,7 @@ from trainguard.events.payloads import (
     Verdict,
 )
 
-END_STATES = frozenset({IncidentState.RECOVERED, IncidentState.ESCALATED,
-                        IncidentState.UNRECOVERABLE})
+END_STATES = frozenset(s for s in IncidentState if not s.active)
 
 
 @dataclass(frozen=True)

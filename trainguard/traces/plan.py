@@ -26,7 +26,7 @@ Attrs = tuple[tuple[str, Attr], ...]
 FINAL_OUTCOMES = frozenset({OutcomeStatus.DONE, OutcomeStatus.FAILED, OutcomeStatus.TIMED_OUT,
                             OutcomeStatus.REFUSED})
 END_NAMES = {IncidentState.RECOVERED: "recover", IncidentState.ESCALATED: "escalate",
-             IncidentState.UNRECOVERABLE: "unrecoverable"}
+             IncidentState.UNRECOVERABLE: "unrecoverable", IncidentState.ENDED: "ended"}
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ def plan_incident(inc: IncidentRecord) -> TracePlan:
         name = END_NAMES[t.to_state]
         children.append(_span(iid, name, name, root_id, start, e.event_time,
                               (("incident.reason", t.reason),),
-                              error=t.to_state is not IncidentState.RECOVERED))
+                              error=t.to_state not in (IncidentState.RECOVERED,
+                                                       IncidentState.ENDED)))
     root_start = min([detected, *(c.start_us for c in children)])
     root_end = max([_fallback_end(inc), *(c.end_us for c in children)])
     final = end[1].to_state.value if end is not None else None

@@ -20,7 +20,7 @@ from typing import Any
 
 from trainguard.alerts.channels.base import JSON_HEADERS, ChannelPolicy, HttpRequest
 from trainguard.alerts.links import NO_LINKS, Links
-from trainguard.alerts.model import Notice, NoticeKind
+from trainguard.alerts.model import FIRING_KINDS, Notice
 from trainguard.alerts.ratelimit import Limit
 from trainguard.alerts.render import Message, detail_lines, incident_title, where
 from trainguard.alerts.secrets import Secret
@@ -48,7 +48,7 @@ def alert_doc(n: Notice, now_s: float, resend_s: float,
               links: Links | None = None) -> dict[str, Any]:
     links = links or NO_LINKS
     now_us = int(now_s * US_PER_S)
-    if n.kind == NoticeKind.RECOVERED:
+    if n.kind not in FIRING_KINDS:  # recovered, or ended by the scheduler: resolved
         ends_us = max(min(n.at_us, now_us), n.opened_at_us + 1)
     else:
         ends_us = now_us + int(4 * resend_s * US_PER_S)
