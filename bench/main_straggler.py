@@ -1,8 +1,9 @@
 """The straggler rule as it was on main before the replay-rate work of issue 14 (a verbatim copy
 of trainguard/rules/straggler.py at 8d42978), kept for the side-by-side in bench.bench_rules,
-with one later behaviour change applied as in the rule (2026-12-06: the learning steps count as
-over or burst by the judged steps' own test), so tests/unit/test_straggler_identity.py still
-compares the refactor alone.
+with two later behaviour changes applied as in the rule (2026-12-06: the learning steps count as
+over or burst by the judged steps' own test; 2026-12-07: a learned step's level, for the own
+rates, is taken by the test as it is then, the normal and its margin), so
+tests/unit/test_straggler_identity.py still compares the refactor alone.
 
 Original doc: Straggler: a rank persistently slower than its peers and than its own normal.
 
@@ -379,7 +380,12 @@ class MainStragglerRule(RuleBase):
         q = self.q
         st.seen = w_n = min(st.seen + 1, q.normal_memory_steps)
         w = 1.0 / w_n
-        level = old[LEVEL]
+        level = -1  # by the test as it is now: normal and margin (as in the rule, 2026-12-07)
+        if old[L] > 0.0 and old[MS] - old[PEER] * math.exp(st.normal) >= q.min_excess_ms:
+            d = old[L] - st.normal - 2.0 * normal_se(st)
+            for j, lv in enumerate(self.levels):
+                if d > lv:
+                    level = j
         for j in range(len(st.over_rates)):
             st.over_rates[j] += w * ((1.0 if level >= j else 0.0) - st.over_rates[j])
         st.burst_rate += w * (old[BURST] - st.burst_rate)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from trainguard.configfile import ConfigFileError, finite_in, load_yaml, show
-from trainguard.events.payloads import CommandAction, VerdictKind
+from trainguard.events.payloads import CommandAction, IncidentState, VerdictKind
 
 MAX_NUMBER: Final = 1e9  # no number in a scenario is larger (seconds, counts, ratios)
 NAME_RE: Final = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -122,7 +122,9 @@ LOOP_FS_ONLY: Final = frozenset({"storage_stall", "storage_loss"})
 
 STOP_KINDS: Final = {"no_progress_s": (int, float), "restarts_over": int, "replicas_over": int,
                      "wall_s": (int, float)}
-INCIDENT_ENDS: Final = ("recovered", "escalated", "unrecoverable", "none")
+# what a scenario may expect an incident to end as: an end state (recovered, escalated,
+# unrecoverable, ended), or no incident at all
+INCIDENT_ENDS: Final = (*(s.value for s in IncidentState if not s.active), "none")
 ROLLBACK_WHEN: Final = ("end", "abort")
 
 

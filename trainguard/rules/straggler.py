@@ -74,6 +74,8 @@ BURSTS = "bursts"
 # there is no peer, with two each is the other's only peer and a stage slowing as a whole moves
 # both (docs/rules.md, "Small stages").
 SMALL_STAGE_RANKS = 2
+# a step is over a level only by more than this many standard errors of the rank's normal
+MARGIN_SE = 2.0
 
 
 def stage_of(report: StepReport) -> str:
@@ -415,7 +417,7 @@ class StragglerRule(RuleBase):
             # the normal rests on `seen` noisy steps: a step is over a level only by more than
             # twice the normal's standard error, so a normal learned a little low from a short
             # history does not make noise look like a straggler
-            margin = 2.0 * normal_se(st)
+            margin = MARGIN_SE * normal_se(st)
             d = lr - st.normal - margin
             level = -1
             if lr > 0.0 and value - expected >= min_excess:  # slower than its peers
@@ -530,7 +532,7 @@ class StragglerRule(RuleBase):
             return
         st.seen = w_n = min(st.seen + 1, q.normal_memory_steps)
         w = 1.0 / w_n
-        level = old.level
+        level = self._learn_level(st, old)
         rates = st.over_rates
         for j in range(len(rates)):
             rates[j] += w * ((1.0 if level >= j else 0.0) - rates[j])
@@ -541,6 +543,22 @@ class StragglerRule(RuleBase):
         st.normal += w * dev
         st.spread += w * (abs(dev) - st.spread)
         st.square += w * (raw * raw - st.square)
+
+    def _learn_level(self, st: RankState, row: StepRow) -> int:
+        """The highest level a learned step is over, for the own rates: by the test a step is
+        judged by now (the normal as it is now, and its margin as it is now), not the level it
+        was judged at ``burst_steps`` steps ago. The margin shrinks as the normal rests on more
+        steps, so a step is over more often as the run goes on; rates counted at the level of
+        the day lagged behind that, and under +-20 % noise the test drifted up on healthy ranks
+        (2 of 300 12-rank jobs of 160 steps drew a false verdict, after step 100; issue 14)."""
+        if row.lr <= 0.0 or row.ms - row.peer * math.exp(st.normal) < self.q.min_excess_ms:
+            return -1
+        d = row.lr - st.normal - MARGIN_SE * normal_se(st)
+        level = -1
+        for j, lv in enumerate(self.levels):
+            if d > lv:
+                level = j
+        return level
 
     def _bursts_suspect(self, st: RankState) -> bool:
         """The span's bursts are already unlikely at the rank's own rate (the test halfway to

@@ -71,7 +71,7 @@ def expectations(log: JobLog, expect: Expect, lost_node: str | None = None) -> l
     trans = [e for e in log.incidents if e.event_time >= fault
              and isinstance(e.payload, IncidentTransition)]
     ends = [e for e in trans if isinstance(e.payload, IncidentTransition)
-            and e.payload.to_state.value in ("recovered", "escalated", "unrecoverable")]
+            and not e.payload.to_state.active]
     if expect.incident == "none":
         out.append(_no_incident(trans, kinds, expect.tolerate))
     else:
