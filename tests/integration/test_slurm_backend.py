@@ -60,6 +60,20 @@ def ended(pid: int, timeout_s: float) -> bool:
 def allocate(cluster: SlurmCluster) -> tuple[SlurmCli, int]:
     """Every node back in service (an earlier test lost some), then an allocation of
     tgn1-tgn3 with --no-kill, running."""
+    cli = ready(cluster)
+    done = subprocess.run(["sbatch", "--parsable", "--no-kill", "-N3", "-w", "tgn1,tgn2,tgn3",
+                           "-o", "/dev/null", "--wrap", "sleep 600"], env=cli.env,
+                          capture_output=True, text=True, check=True)
+    alloc = int(done.stdout.strip().split(";")[0])
+    deadline = time.monotonic() + 30
+    while (j := cli.job(alloc)) is None or j.state != "RUNNING":
+        assert time.monotonic() < deadline, j
+        time.sleep(0.2)
+    return cli, alloc
+
+
+def ready(cluster: SlurmCluster) -> SlurmCli:
+    """The cluster running and every node back in service (an earlier test lost some)."""
     if cluster.running() is None:
         cluster.start(SPEC, timeout_s=60)
     env = cluster.client_env()
@@ -71,15 +85,7 @@ def allocate(cluster: SlurmCluster) -> tuple[SlurmCli, int]:
         if cluster.node_states().get(name, "").startswith(("down", "idle*")):
             cluster.start_node(name)
     cluster.wait_nodes(["tgn1", "tgn2", "tgn3"], {"idle"}, timeout_s=60)
-    done = subprocess.run(["sbatch", "--parsable", "--no-kill", "-N3", "-w", "tgn1,tgn2,tgn3",
-                           "-o", "/dev/null", "--wrap", "sleep 600"], env=env,
-                          capture_output=True, text=True, check=True)
-    alloc = int(done.stdout.strip().split(";")[0])
-    deadline = time.monotonic() + 30
-    while (j := cli.job(alloc)) is None or j.state != "RUNNING":
-        assert time.monotonic() < deadline, j
-        time.sleep(0.2)
-    return cli, alloc
+    return cli
 
 
 def job_none() -> SlurmJob:
@@ -423,5 +429,30 @@ def test_a_cancelled_allocation_is_said_once_and_no_restart_runs_in_it(cluster: 
         assert final.status is OutcomeStatus.FAILED and "the scheduler ended" in final.detail
         assert be.epoch(job) == 1  # nothing relaunched
         print(f"allocation {alloc} cancelled: job.ended said after {took:.2f} s")
+    finally:
+        subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)
+
+
+def test_an_allocation_past_its_time_limit_ends_timeout(cluster: SlurmCluster,
+                                                        tmp_path: Path) -> None:
+    """Slurm's own time limit (the shortest it takes: one minute) ends the allocation; the
+    backend reads it as a deliberate end, ``timeout``, with Slurm's reason."""
+    from trainguard.events.payloads import SchedulerEnd
+
+    cli = ready(cluster)
+    done = subprocess.run(["sbatch", "--parsable", "--time=1", "-N1", "-w", "tgn1",
+                           "-o", "/dev/null", "--wrap", "sleep 600"], env=cli.env,
+                          capture_output=True, text=True, check=True)
+    alloc = int(done.stdout.strip().split(";")[0])
+    be = SlurmBackend(cli, alloc, tmp_path)
+    try:
+        t0 = time.monotonic()
+        while (end := be.job_end()) is None:
+            assert time.monotonic() - t0 < 180, cli.job_state(alloc)
+            time.sleep(1.0)
+        assert (end.end, end.state, end.reason) == (SchedulerEnd.TIMEOUT, "TIMEOUT",
+                                                    "TimeLimit"), end
+        assert end.end.deliberate
+        print(f"allocation {alloc} (--time=1) ended TIMEOUT after {time.monotonic() - t0:.0f} s")
     finally:
         subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)
