@@ -8,21 +8,26 @@ the spare at a new epoch; a stale report of the old epoch finds its step gone.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
+from trainguard.actuators.service import Actuator, ActuatorOptions
 from trainguard.actuators.slurm import SlurmBackend
 from trainguard.actuators.slurm_cli import SlurmCli
 from trainguard.actuators.slurm_view import NodeHealth, SlurmJob
+from trainguard.bus.memory import MemoryBus
 from trainguard.dev.slurm import NETNS_PREFIX, ClusterSpec, SlurmCluster, power_off
+from trainguard.events.payloads import CommandOutcome
+from trainguard.events.topics import TopicRole
 
 pytestmark = pytest.mark.integration
 
@@ -96,6 +101,46 @@ def lose_node(name: str, veth: str) -> None:
     power_off(NETNS_PREFIX + name, veth)  # as nodes go: link down, every process killed
 
 
+def sleep_job(job_id: str, cluster: SlurmCluster, tmp_path: Path) -> JobSpec:
+    """Two ranks (tgn1, tgn2) that sleep, tgn3 spare, the cluster's shared checkpoints."""
+    info = cluster.info()
+    assert info is not None
+    return JobSpec(job_id=job_id, world_size=2, command=("sleep", "300"),
+                   units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
+                          UnitSpec("tgn3", ())),
+                   ckpt_dir=Path(info.shared_dir), grace_s=1.0, log_dir=tmp_path / "logs")
+
+
+@contextlib.asynccontextmanager
+async def actuator_running(bus: MemoryBus, opts: ActuatorOptions, be: SlurmBackend
+                           ) -> AsyncIterator[asyncio.Task[None]]:
+    """The actuator service running (it launches the job), every rank a live step; stopped
+    on the way out."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(Actuator(bus, opts, be).run(stop))
+    try:
+        await until_launched(be, opts.job, task)
+        yield task
+    finally:
+        stop.set()
+        await task
+
+
+def outcomes_on(bus: MemoryBus) -> list[CommandOutcome]:
+    return [e.payload for e in bus.events(TopicRole.OUTCOMES)
+            if isinstance(e.payload, CommandOutcome)]
+
+
+async def until_launched(be: SlurmBackend, job: JobSpec, task: asyncio.Task[None],
+                         limit_s: float = 60) -> None:
+    """Every rank of ``job`` a live step, the actuator (``task``) still running."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while len(await asyncio.to_thread(be.live, job)) < job.world_size:
+        assert loop.time() < deadline and not task.done()
+        await asyncio.sleep(0.3)
+
+
 def test_node_loss_fenced_by_step_and_rebound_on_the_spare(cluster: SlurmCluster,
                                                           tmp_path: Path) -> None:
     info = cluster.info()
@@ -165,50 +210,29 @@ def test_a_signed_migrate_moves_the_lost_nodes_rank_to_the_spare(cluster: SlurmC
     """The actuator service (in-memory bus) with the Slurm backend: it launches the job as
     steps, a node is lost, decide's signed tier-2 MIGRATE of its rank is carried out: the old
     steps fenced by step id, every rank relaunched at a new epoch, the lost rank on the spare."""
-    import asyncio
-
     from tests import keys
     from trainguard.actuators import signing
-    from trainguard.actuators.service import Actuator, ActuatorOptions
-    from trainguard.bus.memory import MemoryBus
     from trainguard.events.clock import now_us
     from trainguard.events.codec import make_event
     from trainguard.events.envelope import Subject
     from trainguard.events.payloads import (
         Command,
         CommandAction,
-        CommandOutcome,
         MigrateParams,
         OutcomeStatus,
     )
-    from trainguard.events.topics import TopicRole
 
     cli, alloc = allocate(cluster)
     env = cli.env
-    info = cluster.info()
-    assert info is not None
-    job = JobSpec(job_id="sj2", world_size=2, command=("sleep", "300"),
-                  units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
-                         UnitSpec("tgn3", ())),
-                  ckpt_dir=Path(info.shared_dir), grace_s=1.0, log_dir=tmp_path / "logs")
+    job = sleep_job("sj2", cluster, tmp_path)
     be = SlurmBackend(cli, alloc, tmp_path)
     bus = MemoryBus()
     opts = ActuatorOptions(job=job, key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
                            state_dir=tmp_path / "state", launch=True)
 
-    def outcomes() -> list[CommandOutcome]:
-        return [e.payload for e in bus.events(TopicRole.OUTCOMES)
-                if isinstance(e.payload, CommandOutcome)]
-
     async def go() -> float:
-        stop = asyncio.Event()
-        task = asyncio.create_task(Actuator(bus, opts, be).run(stop))
         loop = asyncio.get_running_loop()
-        try:
-            deadline = loop.time() + 60
-            while len(await asyncio.to_thread(be.live, job)) < 2:
-                assert loop.time() < deadline and not task.done()
-                await asyncio.sleep(0.3)
+        async with actuator_running(bus, opts, be) as task:
             await asyncio.to_thread(lose_node, "tgn2", "tgsv2")
             t0 = loop.time()
             cmd = Command(command_id="cmd-node-loss", idempotency_key="k-node-loss",
@@ -225,17 +249,14 @@ def test_a_signed_migrate_moves_the_lost_nodes_rank_to_the_spare(cluster: SlurmC
                                        subject=subject))
             await prod.stop()
             while not any(o.status in (OutcomeStatus.DONE, OutcomeStatus.FAILED)
-                          for o in outcomes()):
+                          for o in outcomes_on(bus)):
                 assert loop.time() < t0 + 90 and not task.done()
                 await asyncio.sleep(0.2)
             return loop.time() - t0
-        finally:
-            stop.set()
-            await task
 
     try:
         took = asyncio.run(asyncio.wait_for(go(), 240))
-        final = [o for o in outcomes() if o.status is not OutcomeStatus.ACCEPTED]
+        final = [o for o in outcomes_on(bus) if o.status is not OutcomeStatus.ACCEPTED]
         assert [o.status for o in final] == [OutcomeStatus.DONE], final
         live = {(r.rank, r.unit) for r in be.live(job)}
         assert live == {(0, "tgn1"), (1, "tgn3")}
@@ -344,33 +365,22 @@ def test_a_cancelled_allocation_is_said_once_and_no_restart_runs_in_it(cluster: 
     """``scancel`` of the allocation (what a user, or the time limit, does): the actuator reads
     Slurm's final state, says ``job.ended`` once, signed, and a migrate decided before decide
     read it fails saying why, with nothing fenced or launched."""
-    import asyncio
-
     from tests import keys
     from trainguard.actuators import signing
-    from trainguard.actuators.service import Actuator, ActuatorOptions
-    from trainguard.bus.memory import MemoryBus
     from trainguard.events.clock import now_us
     from trainguard.events.codec import make_event
     from trainguard.events.envelope import Event, Subject
     from trainguard.events.payloads import (
         Command,
         CommandAction,
-        CommandOutcome,
         JobEnded,
         MigrateParams,
         OutcomeStatus,
         SchedulerEnd,
     )
-    from trainguard.events.topics import TopicRole
 
     cli, alloc = allocate(cluster)
-    info = cluster.info()
-    assert info is not None
-    job = JobSpec(job_id="sj-end", world_size=2, command=("sleep", "300"),
-                  units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
-                         UnitSpec("tgn3", ())),
-                  ckpt_dir=Path(info.shared_dir), grace_s=1.0, log_dir=tmp_path / "logs")
+    job = sleep_job("sj-end", cluster, tmp_path)
     be = SlurmBackend(cli, alloc, tmp_path)
     assert be.job_end() is None  # running
     bus = MemoryBus()
@@ -380,19 +390,9 @@ def test_a_cancelled_allocation_is_said_once_and_no_restart_runs_in_it(cluster: 
     def ended() -> list[Event]:
         return [e for e in bus.events(TopicRole.OUTCOMES) if isinstance(e.payload, JobEnded)]
 
-    def outcomes() -> list[CommandOutcome]:
-        return [e.payload for e in bus.events(TopicRole.OUTCOMES)
-                if isinstance(e.payload, CommandOutcome)]
-
     async def go() -> float:
-        stop = asyncio.Event()
-        task = asyncio.create_task(Actuator(bus, opts, be).run(stop))
         loop = asyncio.get_running_loop()
-        try:
-            deadline = loop.time() + 60
-            while len(await asyncio.to_thread(be.live, job)) < 2:
-                assert loop.time() < deadline and not task.done()
-                await asyncio.sleep(0.3)
+        async with actuator_running(bus, opts, be) as task:
             assert ended() == []
             subprocess.run(["scancel", str(alloc)], env=cli.env, check=True)
             t0 = loop.time()
@@ -409,13 +409,10 @@ def test_a_cancelled_allocation_is_said_once_and_no_restart_runs_in_it(cluster: 
             await bus.publish([make_event(cmd, event_id="ev-after-end", job_id=job.job_id,
                                           event_time=cmd.issued_at, source="test",
                                           subject=Subject(rank=1))])
-            while not any(o.status is OutcomeStatus.FAILED for o in outcomes()):
+            while not any(o.status is OutcomeStatus.FAILED for o in outcomes_on(bus)):
                 assert loop.time() < t0 + 60 and not task.done()
                 await asyncio.sleep(0.1)
             return took
-        finally:
-            stop.set()
-            await task
 
     try:
         took = asyncio.run(asyncio.wait_for(go(), 180))
@@ -425,7 +422,7 @@ def test_a_cancelled_allocation_is_said_once_and_no_restart_runs_in_it(cluster: 
         assert isinstance(p, JobEnded)
         assert (p.end, p.state, p.allocation) == (SchedulerEnd.CANCELLED, "CANCELLED",
                                                   f"slurm:{alloc}")
-        final = outcomes()[-1]
+        final = outcomes_on(bus)[-1]
         assert final.status is OutcomeStatus.FAILED and "the scheduler ended" in final.detail
         assert be.epoch(job) == 1  # nothing relaunched
         print(f"allocation {alloc} cancelled: job.ended said after {took:.2f} s")
