@@ -257,6 +257,40 @@ def test_a_real_process_fails_in_one_line_and_quickly(argv: list[str], tmp_path:
     assert lines[0].startswith("trainguard ")
 
 
+# what Slurm's squeue says (exit 1) when it lists no such job, and when slurmctld is away
+SQUEUE = {"no such job": "slurm_load_jobs error: Invalid job id specified",
+          "no controller": "slurm_load_jobs error: Unable to contact slurm controller "
+                           "(connect failure)"}
+
+
+@pytest.mark.parametrize("case", list(SQUEUE))
+def test_a_slurm_job_that_cannot_be_found_stops_the_actuator_in_one_line(
+        case: str, tmp_path: Path) -> None:
+    """``--backend slurm --slurm-job N`` is checked before anything runs: a wrong id (or one
+    gone longer than MinJobAge), or a slurmctld that does not answer, is one line and exit 2
+    (a fake ``squeue`` on PATH says what the real one says)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "squeue"
+    fake.write_text(f"#!/bin/sh\necho '{SQUEUE[case]}' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    argv = ["actuator", "--backend", "slurm", "--slurm-job", "424242", "--bootstrap", BOOTSTRAP,
+            "--job-spec", str(_good("job_spec", tmp_path)),
+            "--command-pubkey", str(_good("command_pubkey", tmp_path)),
+            "--actuator-key", str(_good("actuator_key", tmp_path)),
+            "--state-dir", str(tmp_path / "state")]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "trainguard.cli.main", *argv], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    lines = [x for x in proc.stderr.splitlines() if x.strip() and not LOG_LINE.match(x)]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert len(lines) == 1 and proc.returncode == 2, proc.stderr
+    assert lines[0].startswith("trainguard actuator: --slurm-job 424242: "), lines
+    assert ("Slurm lists no such job" if case == "no such job"
+            else "Unable to contact slurm controller") in lines[0]
+
+
 @pytest.mark.parametrize("bootstrap", ["127.0.0.1:notaport", "h:0", "a:1,:2"])
 def test_a_malformed_bootstrap_is_one_line(bootstrap: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,9 +9,13 @@ import asyncio
 import logging
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainguard.cli.common import add_kafka_args, input_file, kafka_config, run_until_stopped
 from trainguard.dev.paths import state_dir
+
+if TYPE_CHECKING:
+    from trainguard.actuators.slurm import SlurmBackend
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
                              f"(a positive Slurm job id; got {args.slurm_job})")
         fence = shlex.split(args.fence_command) if args.fence_command else None
         backend = SlurmBackend(SlurmCli(), args.slurm_job, sdir / "logs", power_off=fence)
+        _check_allocation(backend, args.slurm_job)
     else:
         backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
     actuator = Actuator(KafkaBus(cfg), ActuatorOptions(job=job, key=key, signer=signer,
@@ -100,3 +105,18 @@ def _run(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port, args.metrics_addr)
     run_until_stopped(actuator.run)
     return 0
+
+
+def _check_allocation(backend: SlurmBackend, job_id: int) -> None:
+    """Fail at start, in one line, when Slurm cannot be asked or lists no such job (a wrong
+    ``--slurm-job``, or one gone longer than ``MinJobAge``). An allocation that ended but is
+    still listed is let through: the actuator says ``job.ended`` for it, once."""
+    from trainguard.events.payloads import SchedulerEnd
+
+    try:
+        end = backend.job_end()
+    except OSError as exc:
+        raise SystemExit(f"trainguard actuator: --slurm-job {job_id}: {exc}") from None
+    if end is not None and end.end is SchedulerEnd.GONE:
+        raise SystemExit(f"trainguard actuator: --slurm-job {job_id}: Slurm lists no such job "
+                         "(never submitted, or ended longer ago than its MinJobAge)")
