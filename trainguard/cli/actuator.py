@@ -52,6 +52,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--slurm-job", type=int, default=None,
                    help="with --backend slurm: the allocation's Slurm job id (sbatch/salloc "
                    "--no-kill over the job's nodes and its spares)")
+    p.add_argument("--watch-s", type=float, default=1.0,
+                   help="with --backend slurm: ask Slurm this often whether it ended the "
+                   "allocation (one squeue of that job; default 1)")
     p.add_argument("--fence-command", default=None, metavar="ARGV",
                    help="with --backend slurm: the command that powers a node off (a fence "
                    "agent: e.g. 'ipmitool -H {node}-bmc chassis power off'; {node} is "
@@ -89,6 +92,8 @@ def _run(args: argparse.Namespace) -> int:
         if args.slurm_job is None or args.slurm_job <= 0:
             raise SystemExit("trainguard actuator: --backend slurm needs --slurm-job "
                              f"(a positive Slurm job id; got {args.slurm_job})")
+        if not args.watch_s > 0:  # NaN too
+            raise SystemExit(f"trainguard actuator: --watch-s must be > 0 (got {args.watch_s})")
         fence = shlex.split(args.fence_command) if args.fence_command else None
         backend = SlurmBackend(SlurmCli(), args.slurm_job, sdir / "logs", power_off=fence)
         _check_allocation(backend, args.slurm_job)
@@ -96,7 +101,8 @@ def _run(args: argparse.Namespace) -> int:
         backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
     actuator = Actuator(KafkaBus(cfg), ActuatorOptions(job=job, key=key, signer=signer,
                                              trusted=trusted, state_dir=sdir,
-                                             launch=args.launch, max_age_s=args.max_age_s),
+                                             launch=args.launch, max_age_s=args.max_age_s,
+                                             watch_s=args.watch_s),
                         backend)
     if args.teardown:
         for item in asyncio.run(actuator.teardown()):
