@@ -247,3 +247,12 @@ def test_the_scheduler_ending_the_job_ends_its_incidents_and_opens_no_more(
                          IncidentSettings())
     assert book.apply(_verdict("later", "node_silent", t + 40 * S, Subject(node="n2"))) == []
     assert len(book.incidents) == 1
+
+
+def test_every_folded_type_is_on_a_topic_the_incident_service_reads() -> None:
+    from trainguard.events.registry import BY_NAME
+    from trainguard.incidents.aggregate import FOLDED_TYPES
+    from trainguard.incidents.service import INPUT_ROLES
+
+    assert {BY_NAME[t].topic for t in FOLDED_TYPES} <= set(INPUT_ROLES)
+    assert "job.ended" in FOLDED_TYPES

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trainguard.events.codec import make_event
+from trainguard.events.codec import make_event, type_of_payload
 from trainguard.events.envelope import Event, Subject
 from trainguard.events.ids import derived_id
 from trainguard.events.payloads import (
@@ -22,6 +22,7 @@ from trainguard.events.payloads import (
     IncidentTransition,
     JobEnded,
     OutcomeStatus,
+    Payload,
     PoolUnit,
     Severity,
     StepReport,
@@ -45,8 +46,10 @@ from trainguard.incidents.recovery import recovery_evidence
 from trainguard.incidents.settings import SEVERITY_RANK, SOURCE, IncidentSettings
 
 S = IncidentState
-FOLDED_TYPES = frozenset({"verdict", "command", "command.outcome", "pool.unit", "checkpoint",
-                          "step.report", "job.ended"})
+# what the fold reads (``apply``); every other event leaves the books as they are
+FOLDED: tuple[type[Payload], ...] = (Verdict, Command, CommandOutcome, PoolUnit, CheckpointEvent,
+                                     StepReport, JobEnded)
+FOLDED_TYPES = frozenset(type_of_payload(model).name for model in FOLDED)
 FAILED_STATUSES = frozenset({OutcomeStatus.FAILED, OutcomeStatus.TIMED_OUT,
                              OutcomeStatus.REFUSED})
 
