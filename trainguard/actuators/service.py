@@ -33,7 +33,7 @@ from pathlib import Path
 from aiokafka.errors import KafkaError
 
 from trainguard.actuators import metrics, signing, zygote
-from trainguard.actuators.backend import Backend
+from trainguard.actuators.backend import Backend, WatchesAllocation
 from trainguard.actuators.executor import SOURCE, Emit, Executor, Result, fault_from_env
 from trainguard.actuators.jobspec import JobSpec
 from trainguard.actuators.journal import Journal, in_flight, phase_record
@@ -236,9 +236,11 @@ class Actuator:
         await commands.start()
         await task.start()
         watched = 0.0
+        watches = isinstance(self.backend, WatchesAllocation)  # else: no thread hop each second
         try:
             while not stop.is_set():
-                if ex.ended is None and time.monotonic() - watched >= self.opts.watch_s:
+                if watches and ex.ended is None and \
+                        time.monotonic() - watched >= self.opts.watch_s:
                     watched = time.monotonic()
                     await asyncio.to_thread(ex.watch_allocation)
                 for d in await commands.poll(timeout_ms=200):

@@ -96,7 +96,8 @@ def _run(args: argparse.Namespace) -> int:
             raise SystemExit(f"trainguard actuator: --watch-s must be > 0 (got {args.watch_s})")
         fence = shlex.split(args.fence_command) if args.fence_command else None
         backend = SlurmBackend(SlurmCli(), args.slurm_job, sdir / "logs", power_off=fence)
-        _check_allocation(backend, args.slurm_job)
+        if not args.teardown:  # a teardown still closes what the journal holds
+            _check_allocation(backend, args.slurm_job)
     else:
         backend = LocalBackend(sdir / "logs", use_cgroups=not args.no_cgroups)
     actuator = Actuator(KafkaBus(cfg), ActuatorOptions(job=job, key=key, signer=signer,
