@@ -814,3 +814,11 @@ def test_a_job_ended_under_its_restart_drops_the_restart_and_calls_nobody() -> N
     assert more == [] and s.pending == {} and s.ended == {JOB: SchedulerEnd.TIMEOUT}
     s, more = feed(s, [], 11 * S + int(CFG.outcome_timeout_s * S) + 1)
     assert more == []
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf")])
+@pytest.mark.parametrize("name", ["settle_s", "scheduler_settle_s", "outcome_timeout_s"])
+def test_a_policy_duration_that_is_negative_or_not_finite_is_refused(name: str,
+                                                                     value: float) -> None:
+    with pytest.raises(ValueError, match=f"{name}: must be >= 0 and finite"):
+        PolicyConfig(**{name: value})  # type: ignore[arg-type]

@@ -77,6 +77,7 @@ it already issued, and the actuator refuses a key it has used.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -162,8 +163,9 @@ class PolicyConfig:
                      "storm_window_s", "outcome_timeout_s",
                      "retry_backoff_s", "retry_max_backoff_s", "retry_budget_s",
                      "checkpoint_wait_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+            value = getattr(self, name)
+            if not 0 <= value < math.inf:  # NaN too: a tick would fail on it every time
+                raise ValueError(f"{name}: must be >= 0 and finite (got {value})")
         if self.tier_windows < 1:
             raise ValueError(f"tier_windows: must be >= 1 (got {self.tier_windows})")
         if self.storm_restarts < 1:
