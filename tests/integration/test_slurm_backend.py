@@ -3,18 +3,22 @@ allocation (2 nodes + 1 spare, ``--no-kill``), launched with srun, proven live b
 joined with ``scontrol show step``, fenced by step id and epoch. A node lost as nodes go (link
 down, every process of its namespace killed): its step is fenced (its node set DOWN since it
 cannot confirm a cancel), the node drained with the incident as reason, the rank relaunched on
-the spare at a new epoch; a stale report of the old epoch finds its step gone.
+the spare at a new epoch; a stale report of the old epoch finds its step gone. An elastic job
+(torchrun, one agent per node) loses a node: only that node's step is replaced, the survivor's
+agent restarts its worker into the new rendezvous round, and both resume from the checkpoint.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -25,13 +29,20 @@ from trainguard.actuators.slurm import SlurmBackend
 from trainguard.actuators.slurm_cli import SlurmCli
 from trainguard.actuators.slurm_view import NodeHealth, SlurmJob
 from trainguard.bus.memory import MemoryBus
-from trainguard.dev.slurm import NETNS_PREFIX, ClusterSpec, SlurmCluster, power_off
-from trainguard.events.payloads import CommandOutcome
+from trainguard.dev.slurm import (
+    NETNS_PREFIX,
+    ClusterSpec,
+    SlurmCluster,
+    power_off,
+    torchrun_argv,
+)
+from trainguard.events.payloads import CommandOutcome, OutcomeStatus
 from trainguard.events.topics import TopicRole
 
 pytestmark = pytest.mark.integration
 
 SPEC = ClusterSpec(nodes=2, spares=1)
+CKPT_EVERY = 5  # the elastic job's checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -215,12 +226,7 @@ def test_a_signed_migrate_moves_the_lost_nodes_rank_to_the_spare(cluster: SlurmC
     from trainguard.events.clock import now_us
     from trainguard.events.codec import make_event
     from trainguard.events.envelope import Subject
-    from trainguard.events.payloads import (
-        Command,
-        CommandAction,
-        MigrateParams,
-        OutcomeStatus,
-    )
+    from trainguard.events.payloads import Command, CommandAction, MigrateParams
 
     cli, alloc = allocate(cluster)
     env = cli.env
@@ -375,7 +381,6 @@ def test_a_cancelled_allocation_is_said_once_and_no_restart_runs_in_it(cluster: 
         CommandAction,
         JobEnded,
         MigrateParams,
-        OutcomeStatus,
         SchedulerEnd,
     )
 
@@ -453,3 +458,129 @@ def test_an_allocation_past_its_time_limit_ends_timeout(cluster: SlurmCluster,
         print(f"allocation {alloc} (--time=1) ended TIMEOUT after {time.monotonic() - t0:.0f} s")
     finally:
         subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)
+
+
+
+def elastic_job(job_id: str, cluster: SlurmCluster, tmp_path: Path) -> JobSpec:
+    """Two slots (tgn1, tgn2) of the reference workload under torchrun, tgn3 the spare; the
+    checkpoints and the progress logs in the cluster's shared directory."""
+    info = cluster.info()
+    assert info is not None
+    shared = Path(info.shared_dir)
+    progress = shared / f"progress-{job_id}"
+    progress.mkdir(exist_ok=True)
+    script = ["-m", "trainguard.workload.ddp", "--ckpt-dir", "{ckpt_dir}", "--allow-tmp-ckpt",
+              "--steps", "100000", "--ckpt-every", str(CKPT_EVERY), "--step-ms", "150",
+              "--timeout-s", "20", "--cpu",
+              "--progress-file", str(progress / "rank{rank}-e{epoch}.jsonl")]
+    command = torchrun_argv(info, nnodes=2, nproc_per_node=1, run_id="{job_id}",
+                            script=script, max_restarts=3)
+    return JobSpec(job_id=job_id, world_size=2, command=tuple(command), elastic=True,
+                   units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
+                          UnitSpec("tgn3", ())),
+                   ckpt_dir=shared / f"ckpt-{job_id}", grace_s=1.0,
+                   env={"OMP_NUM_THREADS": "1"}, log_dir=tmp_path / "logs")
+
+
+def lines(progress: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted(progress.glob("rank*-e*.jsonl")):
+        for ln in path.read_text().splitlines():
+            if ln.strip():
+                out.append(json.loads(ln))
+    return out
+
+
+def test_an_elastic_job_swaps_the_lost_node_and_keeps_the_survivor(cluster: SlurmCluster,
+                                                                  tmp_path: Path) -> None:
+    from tests import keys
+    from trainguard.actuators import signing
+    from trainguard.events.clock import now_us
+    from trainguard.events.codec import make_event
+    from trainguard.events.envelope import Subject
+    from trainguard.events.payloads import Command, CommandAction, MigrateParams
+
+    cli, alloc = allocate(cluster)
+    job = elastic_job("el1", cluster, tmp_path)
+    job.ckpt_dir.mkdir(exist_ok=True)
+    progress = Path(job.ckpt_dir.parent / "progress-el1")
+    be = SlurmBackend(cli, alloc, tmp_path)
+    bus = MemoryBus()
+    opts = ActuatorOptions(job=job, key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True)
+    marks: dict[str, float] = {}
+
+    def last_checkpoint() -> int:
+        return max((ln["step"] for ln in lines(progress) if ln["kind"] == "checkpoint"),
+                   default=0)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        async with actuator_running(bus, opts, be) as task:
+            survivor = be.step_of(job, 0, 1)
+            assert survivor is not None
+            while last_checkpoint() < 2 * CKPT_EVERY:  # stepping, and checkpointed twice
+                assert loop.time() < marks.setdefault("up", loop.time()) + 180, lines(progress)
+                assert not task.done()
+                await asyncio.sleep(0.5)
+            await asyncio.to_thread(lose_node, "tgn2", "tgsv2")
+            marks["lost"] = time.time()
+            marks["ckpt"] = last_checkpoint()
+            cmd = Command(command_id="cmd-el-loss", idempotency_key="k-el-loss",
+                          action=CommandAction.MIGRATE, tier=2, issued_at=now_us(),
+                          issued_by="trainguard-decide", cause_verdict_ids=["v-node-tgn2"],
+                          params=MigrateParams(rank=1, ranks=[1], from_unit="tgn2",
+                                               from_units=["tgn2"], reason="node lost"))
+            cmd = signing.sign(keys.COMMAND, job.job_id, Subject(rank=1), cmd)
+            prod = bus.producer()
+            await prod.start()
+            await prod.send(make_event(cmd, event_id="ev-el-loss", job_id=job.job_id,
+                                       event_time=cmd.issued_at, source="test",
+                                       subject=Subject(rank=1)))
+            await prod.stop()
+            while not any(o.status in (OutcomeStatus.DONE, OutcomeStatus.FAILED)
+                          for o in outcomes_on(bus)):
+                assert time.time() < marks["lost"] + 90 and not task.done()
+                await asyncio.sleep(0.2)
+            marks["done"] = time.time()
+            # both slots step again after the swap: past the checkpoint they resumed from
+            while not all(_stepped_after(lines(progress), slot, marks["lost"])
+                          for slot in (0, 1)):
+                assert time.time() < marks["lost"] + 180, lines(progress)[-6:]
+                assert not task.done()
+                await asyncio.sleep(0.5)
+            marks["stepping"] = time.time()
+            after = be.step_of(job, 0, 1)
+            assert after is not None and after.step_id == survivor.step_id
+
+    try:
+        asyncio.run(asyncio.wait_for(go(), 420))
+        final = [o for o in outcomes_on(bus) if o.status is not OutcomeStatus.ACCEPTED]
+        assert [o.status for o in final] == [OutcomeStatus.DONE], final
+        assert "ranks [0] keep their replicas" in final[0].detail
+        live = {(r.rank, r.unit, r.epoch) for r in be.live(job)}
+        assert live == {(0, "tgn1", 1), (1, "tgn3", 2)}  # the survivor kept step and epoch
+        old = be.step_of(job, 1, 1)
+        assert old is not None and be.gone(old.step_id, timeout_s=0)
+        got = lines(progress)
+        starts = [ln for ln in got if ln["kind"] == "start" and ln["time"] > marks["lost"]]
+        # the survivor's worker (restarted by its agent, epoch 1) and the spare's (epoch 2)
+        assert {(s["rank"], s["epoch"]) for s in starts} >= {(0, 1), (1, 2)}, starts
+        resumed = {s["resumed_from"] for s in starts}
+        assert resumed == {marks["ckpt"]}, (resumed, marks["ckpt"])  # the newest checkpoint
+        print(f"elastic swap: command done {marks['done'] - marks['lost']:.1f} s after the "
+              f"loss, both slots stepping {marks['stepping'] - marks['lost']:.1f} s after it; "
+              f"resumed from step {marks['ckpt']}")
+    finally:
+        for r in be.live(job):
+            be.fence(job, r)
+        subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)
+
+
+def _stepped_after(got: list[dict[str, Any]], slot: int, t: float) -> bool:
+    """Did ``slot`` start again after ``t`` and then step?"""
+    start = next((ln for ln in got if ln["kind"] == "start" and ln["rank"] == slot
+                  and ln["time"] > t), None)
+    return start is not None and any(
+        ln["kind"] == "step" and ln["rank"] == slot and ln["time"] > start["time"]
+        and ln["pid"] == start["pid"] for ln in got)

@@ -24,7 +24,7 @@ from trainguard.actuators.backend import (
     WatchesAllocation,
 )
 from trainguard.actuators.decider import Decider, DeciderOptions
-from trainguard.actuators.jobspec import JobSpec, UnitSpec
+from trainguard.actuators.jobspec import JobSpec, JobSpecError, UnitSpec, parse_job_spec
 from trainguard.actuators.policy import PolicyConfig
 from trainguard.actuators.service import Actuator, ActuatorOptions
 from trainguard.actuators.signing import verify
@@ -50,6 +50,7 @@ from trainguard.events.payloads import (
     OutcomeStatus,
     PoolUnit,
     RaiseQuotaParams,
+    RestartData,
     SchedulerEnd,
     Severity,
     StopProof,
@@ -387,6 +388,62 @@ def test_a_migration_of_rank_0_moves_where_every_rank_meets(tmp_path: Path) -> N
     meets = {key: argv[2] for key, argv in backend.argvs.items()}
     assert meets == {(0, 1): "10.0.0.1", (1, 1): "10.0.0.1",
                      (0, 2): "10.0.0.3", (1, 2): "10.0.0.3"}
+
+
+def test_an_elastic_job_migrates_only_the_moved_rank(tmp_path: Path) -> None:
+    """``elastic``: each unit runs a launcher that re-forms the group (torchrun). A migrate
+    fences and relaunches rank 1 alone, on the spare at a new epoch; ranks 0 and 2 keep their
+    replicas (pids) and epochs, and their units stay bound."""
+    bus = MemoryBus()
+    backend = FakeBackend()
+    job = JobSpec(job_id=JOB, world_size=3, node="n1", elastic=True,
+                  command=("torchrun", "--rdzv-endpoint", "head:29400", "w", "{rank}"),
+                  units=(UnitSpec("u0", (0,), 0), UnitSpec("u1", (1,), 1),
+                         UnitSpec("u2", (0,), 2), UnitSpec("spare", (1,), None)),
+                  ckpt_dir=tmp_path / "ckpt", log_dir=tmp_path / "logs")
+    opts = ActuatorOptions(job=job, key=keys.COMMAND_PUB, signer=keys.ACTUATOR,
+                           state_dir=tmp_path / "state", launch=True)
+    cmd = Command(command_id="cmd-e1", idempotency_key="k-e1", action=CommandAction.MIGRATE,
+                  tier=2, issued_at=now_us(), issued_by="trainguard-decide",
+                  params=MigrateParams(rank=1, reason=VerdictKind.NODE_SILENT, ranks=[1],
+                                       from_unit="u1", from_units=["u1"]))
+    cmd = signing.sign(KEY, JOB, Subject(rank=1), cmd)
+    before: dict[int, Replica] = {}
+
+    async def go() -> None:
+        await run_until(Actuator(bus, opts, backend).run, lambda: len(backend.replicas) == 3)
+        before.update(backend.replicas)
+        await bus.publish([make_event(cmd, event_id="ev-elastic-1", job_id=JOB,
+                                      event_time=cmd.issued_at, source="test",
+                                      subject=Subject(rank=1))])
+        await run_until(Actuator(bus, opts, backend).run, lambda: len(_outcomes(bus)) >= 2)
+
+    asyncio.run(asyncio.wait_for(go(), 60))
+    done = _outcomes(bus)[-1]
+    assert done.status is OutcomeStatus.DONE, done.detail
+    assert "ranks [0, 2] keep their replicas" in done.detail
+    assert isinstance(done.data, RestartData) and done.data.epoch == 2
+    after = backend.replicas
+    assert {r: (p.unit, p.epoch) for r, p in after.items()} == {
+        0: ("u0", 1), 1: ("spare", 2), 2: ("u2", 1)}
+    assert after[0] == before[0] and after[2] == before[2]  # never fenced nor relaunched
+    assert sorted(backend.argvs) == [(0, 1), (1, 1), (1, 2), (2, 1)]
+    units = [e.payload for e in bus.events(TopicRole.OUTCOMES) if isinstance(e.payload, PoolUnit)]
+    fenced = [(u.unit, u.rank, u.epoch) for u in units if u.state is UnitState.FENCED]
+    assert fenced == [("u1", 1, 1)]
+
+
+def test_an_elastic_command_names_no_per_launch_endpoint(tmp_path: Path) -> None:
+    """The survivors of an elastic job keep their endpoint: ``{port}`` (fresh per launch) and
+    ``{master_addr}`` (moves with rank 0) are refused in its command, in one line."""
+    doc = {"job_id": "j1", "world_size": 1, "ckpt_dir": str(tmp_path), "elastic": True,
+           "command": ["torchrun", "--master-port", "{port}", "w"],
+           "units": [{"name": "u0", "rank": 0}]}
+    with pytest.raises(JobSpecError, match=r"field 'command': \{port\} with 'elastic'"):
+        parse_job_spec(doc, "job.yaml")
+    with pytest.raises(JobSpecError, match="field 'elastic': true or false"):
+        parse_job_spec({**doc, "elastic": "yes"}, "job.yaml")
+    assert parse_job_spec({**doc, "command": ["torchrun", "w"]}).elastic
 
 
 class SchedulerBackend(FakeBackend):

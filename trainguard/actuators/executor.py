@@ -17,6 +17,14 @@ shrunk or half moved) and the policy escalates. A unit that is to run a rank and
 the job's checkpoint storage fails the command the same way, but marked retryable
 (``RestartData.retry``): the storage may come back, and the policy retries with backoff.
 
+An elastic job (``JobSpec.elastic``: each unit runs a launcher such as torchrun that re-forms
+the group by itself) is migrated in part: only the moved ranks' replicas are fenced and
+relaunched (at a new epoch, into the launcher's rendezvous); the others keep their replicas
+and epochs, their launchers restarting the workers into the new round. Binding epochs are then
+per rank (the gate in ``rules/epochs.py`` is per rank already). A resume, and a command found
+in flight after a crash, restart every rank as above (the launchers meet again once the
+rendezvous has dropped the dead ones).
+
 Crash safety: every launch and restart is write-ahead in the command journal
 (``journal.py``): ``intent`` (the plan: placement, quarantined units, the command) before
 anything is fenced, then ``fenced``, ``launched``, ``done``. ``recover`` (called by a
@@ -221,16 +229,19 @@ class Executor:
                 self.unit_event(name, UnitState.SPARE, reason="registered from the job spec")
         return new
 
-    def launch(self, placement: dict[int, str], command_id: str | None, reason: str) -> int:
-        """Launch every rank at a new epoch; nothing of the job may be running."""
-        live = sorted(self.pool.bound(self.job.job_id))
-        running = sorted({r.rank for r in self.backend.live(self.job)})
+    def launch(self, placement: dict[int, str], command_id: str | None, reason: str,
+               only: Collection[int] | None = None) -> int:
+        """Launch every rank of ``placement`` (``only``: just those, an elastic job's migrate)
+        at a new epoch; none of them may be running."""
+        ranks = sorted(placement if only is None else only)
+        live = sorted(set(self.pool.bound(self.job.job_id)) & set(ranks))
+        running = sorted({r.rank for r in self.backend.live(self.job)} & set(ranks))
         if live or running:
             raise FenceError(f"ranks {live or running} still "
                              f"{'bound' if live else 'running'}: fence before launching")
         epoch = max(self.pool.job_epoch(self.job.job_id), self.backend.epoch(self.job)) + 1
         port, master = free_port(), self.job.master_addr(placement)
-        for n, rank in enumerate(sorted(placement)):
+        for n, rank in enumerate(ranks):
             unit = self.job.unit(placement[rank])
             rep = self.backend.launch(self.job, unit, rank, epoch, port, command_id, master)
             self.unit_event(unit.name, UnitState.BOUND, rank=rank, epoch=epoch, pid=rep.pid,
@@ -267,16 +278,19 @@ class Executor:
         return out
 
     def fence_all(self, command_id: str | None, reason: str,
-                  quarantine: Collection[str] = ()) -> tuple[list[str], float]:
-        """Fence every replica of the job: those the pool shows bound and those the backend
-        proves alive (a launch whose event never reached the log); the units in
-        ``quarantine`` (those of failed ranks) say so and are not rebound. Returns what was
-        released and the time."""
+                  quarantine: Collection[str] = (),
+                  only: Collection[int] | None = None) -> tuple[list[str], float]:
+        """Fence every replica of the job (``only``: of those ranks): those the pool shows
+        bound and those the backend proves alive (a launch whose event never reached the log);
+        the units in ``quarantine`` (those of failed ranks) say so and are not rebound.
+        Returns what was released and the time."""
         t0 = time.monotonic()
         released: list[str] = []
-        targets = {(rep.unit, rep.pid): rep for rep in self.replicas().values() if rep.pid > 0}
+        targets = {(rep.unit, rep.pid): rep for rep in self.replicas().values()
+                   if rep.pid > 0 and (only is None or rep.rank in only)}
         for rep in self.backend.live(self.job):
-            targets.setdefault((rep.unit, rep.pid), rep)
+            if only is None or rep.rank in only:
+                targets.setdefault((rep.unit, rep.pid), rep)
         for n, (_, rep) in enumerate(sorted(targets.items(), key=lambda kv: (
                 kv[1].rank, kv[1].epoch, kv[1].pid))):
             try:
@@ -444,6 +458,7 @@ class Executor:
         data: dict[str, object] = {}  # RestartData's fields
         quarantine: list[str] = []
         moved = ""
+        only: set[int] | None = None  # an elastic job's migrate: the moved ranks alone
         if cmd.action is CommandAction.MIGRATE:
             ranks = self._ranks(cmd)
             missing = [r for r in ranks if r is None or r not in bound]
@@ -475,6 +490,8 @@ class Executor:
                          "avoided_domains": list(format_domains(avoid))})
             moved = " " + ", ".join(f"rank {r} {olds[r].name} -> {to[r]}"
                                     for r in sorted(olds)) + ";"
+            if self.job.elastic:
+                only = set(olds)
         staying = [u for r, u in sorted(bound.items()) if placement[r] == u.name]
         blocked = self._unreachable(staying)
         if blocked:
@@ -492,10 +509,10 @@ class Executor:
         self._quarantine(quarantine, cmd)
         try:
             released, fence_ms = self.fence_all(cmd.command_id, f"{cmd.action.value}: replica "
-                                                "replaced", quarantine)
+                                                "replaced", quarantine, only)
             self._phase(cmd.command_id, "fenced")
             t1 = time.monotonic()
-            epoch = self.launch(placement, cmd.command_id, intent.reason)
+            epoch = self.launch(placement, cmd.command_id, intent.reason, only)
             bind_ms = (time.monotonic() - t1) * 1000
             self._phase(cmd.command_id, "launched")
         except (FenceError, JobSpecError, OSError):
@@ -505,9 +522,17 @@ class Executor:
         data.update({"epoch": epoch, "fence_ms": round(fence_ms, 1),
                      "bind_ms": round(bind_ms, 1), "released": released,
                      "total_ms": round((time.monotonic() - t0) * 1000, 1)})
+        done = RestartData.model_validate({"action": cmd.action, **data})
+        if only is not None:
+            keeping = sorted(set(placement) - only)
+            return Result(OutcomeStatus.DONE, f"{cmd.action.value}:{moved} {len(only)} "
+                          f"rank(s) fenced and relaunched at epoch {epoch} into the job's "
+                          f"rendezvous; ranks {keeping} keep their replicas (their launchers "
+                          "restart the workers), every rank resuming from the last valid "
+                          "checkpoint", done)
         return Result(OutcomeStatus.DONE, f"{cmd.action.value}:{moved} {len(placement)} ranks "
                       f"fenced and relaunched at epoch {epoch}, resuming from the last valid "
-                      "checkpoint", RestartData.model_validate({"action": cmd.action, **data}))
+                      "checkpoint", done)
 
     def _quarantine(self, units: Iterable[str], cmd: Command) -> None:
         """Tell the scheduler (a backend that has one) to place nothing on ``units``."""

@@ -23,6 +23,16 @@ ranks meet: it moves with rank 0 when a migration moves rank 0), and needs an ``
 every unit (``- {name: tgn1, address: 10.0.0.11}``; a unit on another host). In ``env``
 values, ``{unit}`` (a node-local path per unit, e.g. ``/run/tg/{unit}/agent.sock`` where
 nodes share a file system); nothing else in them is expanded.
+
+``elastic: true``: ``command`` is a per-unit launcher that re-forms the process group by
+itself (torchrun with c10d rendezvous at a store off the units, ``--max-restarts`` >= 1). A
+migrate then fences and relaunches only the moved ranks' replicas: the new one joins the
+launcher's rendezvous, and the other units' launchers restart their workers into the new round
+from the last valid checkpoint, keeping their replicas and binding epochs (per-unit epochs). A
+resume, and a command an actuator restart finds in flight, still restart every rank. ``{rank}``
+is the unit's slot in the job (``TRAINGUARD_RANK``, what reports and verdicts name), not the
+process-group rank the rendezvous assigns; ``{port}`` and ``{master_addr}`` are refused (a
+relaunched unit must find the survivors where they are: the rendezvous endpoint is fixed).
 """
 
 from __future__ import annotations
@@ -91,6 +101,7 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
     preload: tuple[str, ...] = ()  # modules a warm launcher imports once (command: python -m)
+    elastic: bool = False  # the command re-forms its group: a migrate relaunches moved ranks
 
     def unit(self, name: str) -> UnitSpec:
         for u in self.units:
@@ -139,7 +150,7 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
     if not isinstance(doc, dict):
         raise JobSpecError(f"{where}: must be a mapping")
     known = {"job_id", "world_size", "command", "units", "ckpt_dir", "node", "grace_s", "env",
-             "log_dir", "preload"}
+             "log_dir", "preload", "elastic"}
     extra = sorted(map(str, set(doc) - known))
     if extra:
         raise JobSpecError(f"{where}: field {extra[0]!r}: unknown (known: {sorted(known)})")
@@ -194,10 +205,18 @@ def parse_job_spec(doc: Any, where: str = "job spec") -> JobSpec:
     log_dir = doc.get("log_dir")
     if log_dir is not None:
         _text(where, "log_dir", log_dir)
+    elastic = doc.get("elastic", False)
+    if not isinstance(elastic, bool):
+        raise JobSpecError(f"{where}: field 'elastic': true or false (got {show(elastic)})")
+    fixed = [p for p in ("{port}", MASTER_ADDR) if any(p in part for part in command)]
+    if elastic and fixed:
+        raise JobSpecError(f"{where}: field 'command': {fixed[0]} with 'elastic': a relaunched "
+                           "unit must join the survivors' rendezvous, so its endpoint is "
+                           "fixed in the command")
     spec = JobSpec(job_id=job_id, world_size=world, command=tuple(command), units=units,
                    preload=tuple(preload), ckpt_dir=Path(ckpt_dir), node=node,
                    grace_s=float(grace), env=dict(env),
-                   log_dir=Path(log_dir) if log_dir else None)
+                   log_dir=Path(log_dir) if log_dir else None, elastic=elastic)
     no_address = [u.name for u in units if u.address is None]
     if no_address and spec.meets_at_master_addr:
         raise JobSpecError(f"{where}: field 'units': {MASTER_ADDR} in 'command' needs an "

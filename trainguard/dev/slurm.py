@@ -636,16 +636,30 @@ def _stop_pid_files(pid_files: Iterable[Path]) -> bool:
     return found
 
 
+# The node's own address on eth0, with no braces: the command may be a job spec's, whose
+# parts are filled with str.format ({rank}, {epoch} ...).
+NODE_ADDR = "$(ip -4 -br addr show eth0 | tr -s ' ' | cut -d' ' -f3 | cut -d/ -f1)"
+
+
 def torchrun_argv(info: ClusterInfo, *, nnodes: int, nproc_per_node: int, run_id: str,
-                  script: Sequence[str], python: str = sys.executable) -> list[str]:
+                  script: Sequence[str], python: str = sys.executable,
+                  max_restarts: int = 0) -> list[str]:
     """The command ``srun`` starts once per node: a torchrun agent in that node's namespace,
     c10d rendezvous at the head's store, its own address given (``--local-addr``: inside a
     namespace this machine's hostname resolves to localhost, which the other nodes cannot
-    reach), gloo on the node's interface."""
-    inner = (f"GLOO_SOCKET_IFNAME=eth0 exec {shlex.quote(python)} -m torch.distributed.run "
+    reach), gloo on the node's interface. ``max_restarts``: how many times the agent restarts
+    its workers after one failed (a membership change, such as a spare joining, restarts them
+    without counting).
+
+    ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with the rendezvous' TCP store shared (torch's
+    default), an agent that was rank 0 before keeps its store info from the first round and
+    never writes the new round's ``MASTER_ADDR``, so a spare joining a later round waits for it
+    until its 60 s store timeout and fails (measured with torch 2.15 on the dev cluster)."""
+    inner = ("GLOO_SOCKET_IFNAME=eth0 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+             f"exec {shlex.quote(python)} -m torch.distributed.run "
              f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-backend c10d "
              f"--rdzv-endpoint {info.rdzv_endpoint} --rdzv-id {shlex.quote(run_id)} "
-             "--local-addr $(ip -o -4 addr show eth0 | awk '{print $4}' | cut -d/ -f1) "
+             f"--max-restarts {max_restarts} --local-addr {NODE_ADDR} "
              + " ".join(shlex.quote(a) for a in script))
     return ["bash", "-c", inner]
 

@@ -149,6 +149,7 @@ def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except IdentityError as exc:
         ap.error(str(exc))
     args.job_id, args.rank, args.world_size = ident.job_id, ident.rank, ident.world_size
+    args.group_rank = _group_rank(ap, args, ident.launcher)
     for name in ("steps", "batch", "hidden"):
         if getattr(args, name) < 1:
             ap.error(f"--{name}: >= 1, got {getattr(args, name)}")
@@ -161,6 +162,23 @@ def _check(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     except ValueError as exc:
         ap.error(str(exc))
     return ident.binding_epoch
+
+
+def _group_rank(ap: argparse.ArgumentParser, args: argparse.Namespace, launcher: str) -> int:
+    """This process's rank in the process group. It is the reported rank, except under a
+    launcher that re-forms the group by itself (torchrun's c10d rendezvous assigns ``RANK`` at
+    each round, in the order of the agents' addresses) run by trainguard's actuator: there
+    ``TRAINGUARD_RANK`` is the unit's slot, which reports and verdicts name and which stays
+    with the unit when a spare replaces a lost one, and ``RANK`` is where the process sits in
+    this round's group (data shard, checkpoint writer)."""
+    raw = os.environ.get("RANK")
+    if launcher != "trainguard" or args.master_port is not None or raw is None:
+        return int(args.rank)
+    world = os.environ.get("WORLD_SIZE")
+    if not raw.isdigit() or world != str(args.world_size) or int(raw) >= args.world_size:
+        ap.error(f"RANK {raw!r} with WORLD_SIZE {world!r}: not a rank of the job's "
+                 f"{args.world_size} (TRAINGUARD_WORLD_SIZE)")
+    return int(raw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +226,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     from trainguard.workload.model import SmallNet
     from trainguard.workload.progress import ProgressLog
 
-    rank, world = args.rank, args.world_size
+    rank, world, group = args.rank, args.world_size, args.group_rank
     progress = ProgressLog(args.progress_file, rank=rank, epoch=epoch)
     reporter = StepReporter(args.job_id, rank, world, dp_rank=rank, pp_stage=0, tp_rank=0,
                             binding_epoch=epoch)
@@ -226,7 +244,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
 
     cuda = torch.cuda.is_available() and not args.cpu
     if cuda:
-        local = rank % torch.cuda.device_count()
+        local = group % torch.cuda.device_count()
         torch.cuda.set_device(local)
         device = torch.device("cuda", local)
     else:
@@ -237,7 +255,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
     try:
         if args.master_port is None:  # the launcher's rendezvous (torchrun: its own store)
             dist.init_process_group("nccl" if cuda else "gloo", init_method="env://",
-                                    rank=rank, world_size=world,
+                                    rank=group, world_size=world,
                                     timeout=timedelta(seconds=args.timeout_s))
         else:
             # Every rank is connected once the store is up (rank 0 waits for all, up to the
@@ -287,7 +305,7 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
         t0 = time.perf_counter()
         section(Section.DATA)
         _maybe_stall(stall, Section.DATA, step + 1)
-        start, count = stream.rank_slice(position, rank, args.batch)
+        start, count = stream.rank_slice(position, group, args.batch)
         x, y = stream.batch(start, count)
         x, y = x.to(device), y.to(device)
         t1 = time.perf_counter()
