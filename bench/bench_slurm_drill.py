@@ -1,6 +1,10 @@
 """Node loss healed end to end on the real dev Slurm cluster (3 nodes + 1 spare, an agent per
-node): the ``slurm-node-loss`` drill run ``--runs`` times, each run's heal split into its
-phases from the job's own event log (the drill's ``timings``), seconds since the injection:
+node): the ``slurm-node-loss`` drill (each rank an srun step; a migrate relaunches every rank)
+and the ``slurm-elastic-node-loss`` drill (a torchrun job: one agent step per node, c10d
+rendezvous at the head's store; a migrate replaces the lost node's agent alone and the
+survivors' agents restart their workers into the new round), side by side on one cluster,
+``--runs`` times, each heal split into its phases from the job's own event log (the drill's
+``timings``), seconds since the injection:
 
     detect      injection -> node_silent verdict decided (the node's agent and rank silent)
     decide      verdict -> migrate command issued (decide's settle window)
@@ -10,7 +14,7 @@ phases from the job's own event log (the drill's ``timings``), seconds since the
     rendezvous+restore -> a rank of the new epoch loaded the last valid checkpoint
     first step  -> the first training step of the new epoch
 
-    .venv/bin/python -m bench.bench_slurm_drill [--runs N]
+    .venv/bin/python -m bench.bench_slurm_drill [--runs N] [--scenario NAME ...]
 
 Timeouts in play: node_silent after max(10 agent intervals, 10 s) of silence (1 s interval);
 decide's settle 1 s; the job's fencing grace 1 s; slurm.conf SlurmdTimeout=10,
@@ -41,7 +45,7 @@ from trainguard.drills.evidence.evaluate import Evaluation
 from trainguard.drills.runner import run_drills, runs_root
 from trainguard.drills.scenario import resolve
 
-NAME = "slurm-node-loss"
+NAMES = ("slurm-node-loss", "slurm-elastic-node-loss")
 PHASES = (("detect", "detected_s"), ("decide", "first_command_s"),
           ("drain+fence", "fenced_s"), ("launch", "bound_s"),
           ("rendezvous+restore", "restored_s"), ("first step", "first_step_after_s"))
@@ -83,32 +87,42 @@ def injected_us(sdir: Path) -> int:
     return int(first["event_time"])
 
 
-def run_once() -> tuple[str, dict[str, float | None]]:
+def run_once(names: list[str]) -> list[tuple[str, str, dict[str, float | None]]]:
+    """Each scenario once, on one cluster: (name, conclusion, phases)."""
     root = runs_root() / "bench" / uuid.uuid4().hex[:8]
-    run_dir = run_drills(resolve([NAME]), root=root, signer="ci", say=lambda _: None)
-    sdir = run_dir / NAME
-    ev = Evaluation.from_dict(json.loads((sdir / "evaluation.json").read_text()))
-    phases = split(dict(ev.timings))
+    run_dir = run_drills(resolve(names), root=root, signer="ci", say=lambda _: None)
     ctld = SlurmCluster().root / "slurmctld.log"
     log = ctld.read_text(errors="replace") if ctld.exists() else ""
-    phases["slurm down"] = slurm_down_s(log, "tgn2", injected_us(sdir))
-    return ev.conclusion.value, phases
+    out = []
+    for name in names:
+        sdir = run_dir / name
+        ev = Evaluation.from_dict(json.loads((sdir / "evaluation.json").read_text()))
+        phases = split(dict(ev.timings))
+        phases["slurm down"] = slurm_down_s(log, "tgn2", injected_us(sdir))
+        out.append((name, ev.conclusion.value, phases))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--scenario", action="append", choices=NAMES,
+                    help="run only this one (repeatable; default: both)")
     args = ap.parse_args()
-    rows = []
+    names = args.scenario or list(NAMES)
+    rows: dict[str, list[dict[str, float | None]]] = {n: [] for n in names}
     for i in range(args.runs):
-        conclusion, phases = run_once()
-        rows.append(phases)
-        cells = "  ".join(f"{k} {'-' if v is None else f'{v:.1f}'}" for k, v in phases.items())
-        print(f"run {i + 1}: {conclusion}: {cells}")
-    totals = [r["total"] for r in rows if r["total"] is not None]
-    if totals:
-        print(f"node loss -> stepping on the spare: median {statistics.median(totals):.1f} s, "
-              f"max {max(totals):.1f} s over {len(totals)} run(s) (target <= 60 s)")
+        for name, conclusion, phases in run_once(names):
+            rows[name].append(phases)
+            cells = "  ".join(f"{k} {'-' if v is None else f'{v:.1f}'}"
+                              for k, v in phases.items())
+            print(f"run {i + 1} {name}: {conclusion}: {cells}")
+    for name in names:
+        totals = [r["total"] for r in rows[name] if r["total"] is not None]
+        if totals:
+            print(f"{name}: node loss -> stepping on the spare: median "
+                  f"{statistics.median(totals):.1f} s, max {max(totals):.1f} s over "
+                  f"{len(totals)} run(s) (target <= 60 s)")
     print("torchrun alone (not run: reasoned from its rendezvous): the survivors' agents see the "
           "lost peer when the collective times out (gloo 20 s here) and re-rendezvous; with "
           "--nnodes 3 they wait for a third node that never comes (rdzv timeout 900 s) and the "

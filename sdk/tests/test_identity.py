@@ -183,3 +183,23 @@ def test_a_mesh_layout_reaches_the_step_reports(agent_socket: tuple[Path, socket
         assert isinstance(frame, wire.StepFrame)
         reports.append((frame.dp_rank, frame.pp_stage, frame.tp_rank))
     assert reports == [(1, 1, 0), (1, 1, 0)]  # rank 6 = dp 1 * 4 + pp 1 * 2 + tp 0
+
+
+def test_an_elastic_jobs_epoch_file_wins_once_written(tmp_path: Path) -> None:
+    """The actuator re-forms an elastic job's group at a new epoch by writing it to the file:
+    a worker its torchrun agent restarts (the agent's environment, epoch 7) reads 9 there."""
+    path = tmp_path / "epoch"
+    env = {**TORCHRUN, **ACTUATOR, "TRAINGUARD_BINDING_EPOCH_FILE": str(path)}
+    assert identity_from_env(env).binding_epoch == 7  # not written yet: the launch epoch
+    path.write_text("9\n")
+    assert identity_from_env(env).binding_epoch == 9
+    assert identity_from_env(env, binding_epoch=2).binding_epoch == 2
+    for bad in ("", "nine", "-1", str(wire.U32_MAX + 1), "1" * 80):
+        path.write_text(bad)
+        with pytest.raises(IdentityError, match=r"^TRAINGUARD_BINDING_EPOCH_FILE=.*: not a "
+                                                r"binding epoch"):
+            identity_from_env(env)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(IdentityError, match="cannot be read"):
+        identity_from_env(env)

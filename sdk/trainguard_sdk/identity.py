@@ -22,8 +22,9 @@ The job id (stable across restarts, so a restarted job is the same job):
 default "none" does not count) > ``SLURM_JOB_ID``; none of them is an error.
 
 The binding epoch (grows on every restart, so reports of a replaced replica are told apart):
-``binding_epoch=`` > ``TRAINGUARD_BINDING_EPOCH`` (the actuator's, verbatim) > a composite of
-the launchers' restart counters, each saturating at its field's maximum::
+``binding_epoch=`` > the file ``TRAINGUARD_BINDING_EPOCH_FILE`` names, when it exists >
+``TRAINGUARD_BINDING_EPOCH`` (the actuator's, verbatim) > a composite of the launchers' restart
+counters, each saturating at its field's maximum::
 
     epoch = SLURM_RESTART_COUNT * 2**20     (requeues, 0..4095)
           + SLURM_STEP_ID * 2**10           (a new srun in the allocation, 0..1023; the
@@ -32,6 +33,12 @@ the launchers' restart counters, each saturating at its field's maximum::
 
 so plain torchrun gives 0, 1, 2 ... and torchrun under srun keeps growing when Slurm starts a
 new step or requeues the job (where torchrun's own counter starts again at 0).
+
+The file is for an elastic job run by trainguard's actuator (torchrun agents as its replicas):
+a worker its agent restarts keeps the agent's environment, so when the actuator re-forms the
+group at a new epoch (a spare replacing a lost node) it writes the epoch there, on the job's
+storage, before the new round can start, and every worker reads it as it starts: the one file
+read here. It holds a decimal integer; a file that does not exist yet leaves the next choice.
 
 The parallel layout is given once (``Layout(tp=, pp=)``; dp is what remains of the world):
 ranks are ordered tp fastest, then dp, then pp (Megatron-LM's default order), so
@@ -65,6 +72,8 @@ ENV_JOB_ID: Final = "TRAINGUARD_JOB_ID"
 ENV_RANK: Final = "TRAINGUARD_RANK"
 ENV_WORLD_SIZE: Final = "TRAINGUARD_WORLD_SIZE"
 ENV_BINDING_EPOCH: Final = "TRAINGUARD_BINDING_EPOCH"
+ENV_BINDING_EPOCH_FILE: Final = "TRAINGUARD_BINDING_EPOCH_FILE"
+EPOCH_FILE_MAX: Final = 64  # bytes read: a decimal u32 and a newline fit many times over
 UNSET_RUN_ID: Final = "none"  # torchrun's --rdzv-id default
 REQUEUE_SHIFT: Final = 20
 STEP_SHIFT: Final = 10
@@ -288,6 +297,28 @@ def _job_id(env: Mapping[str, str]) -> tuple[str, str]:
                         "--rdzv-id, or run under Slurm)")
 
 
+def epoch_file(env: Mapping[str, str]) -> int | None:
+    """The binding epoch in the file ``TRAINGUARD_BINDING_EPOCH_FILE`` names; None when the
+    variable is unset or the file does not exist (yet). ``IdentityError`` for a file that
+    cannot be read or holds no epoch."""
+    path = env.get(ENV_BINDING_EPOCH_FILE, "")
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(EPOCH_FILE_MAX + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise IdentityError(f"{ENV_BINDING_EPOCH_FILE}={path!r}: cannot be read: "
+                            f"{exc.strerror or exc}") from None
+    text = raw.decode("ascii", "replace").strip()
+    if len(raw) > EPOCH_FILE_MAX or not text.isdigit() or int(text) > wire.U32_MAX:
+        raise IdentityError(f"{ENV_BINDING_EPOCH_FILE}={path!r}: not a binding epoch "
+                            f"(0..{wire.U32_MAX}; got {raw[:20]!r})")
+    return int(text)
+
+
 def composite_epoch(env: Mapping[str, str]) -> int:
     """The binding epoch from the launchers' restart counters (see the module's docstring)."""
     requeues = min(_int(env, "SLURM_RESTART_COUNT") or 0, REQUEUE_MAX)
@@ -332,7 +363,9 @@ def identity_from_env(
         raise IdentityError(f"{job_var}: {job_id!r} is not a job id (1..{wire.MAX_JOB_LEN} "
                             f"chars matching {wire.JOB_ID_PATTERN})") from None
     if binding_epoch is None:
-        env_epoch = _int(env, ENV_BINDING_EPOCH)
+        env_epoch = epoch_file(env)
+        if env_epoch is None:
+            env_epoch = _int(env, ENV_BINDING_EPOCH)
         binding_epoch = composite_epoch(env) if env_epoch is None else env_epoch
     elif not 0 <= binding_epoch <= wire.U32_MAX:
         raise IdentityError(f"binding_epoch=: {binding_epoch!r} is not in 0..{wire.U32_MAX}")

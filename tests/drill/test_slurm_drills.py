@@ -4,7 +4,9 @@ streams, decide and the incident service on the cluster's broker. In one run (on
 `slurm-node-loss` (tgn2's link down, slurmd, agent and rank killed), `slurm-rank-kill` (rank 1
 SIGKILLed on a healthy node), `slurm-partition` (tgn2 cut off with everything on it running),
 `slurm-node-loss-broker-outage` (tgn2 lost while the broker is stopped for 20 s),
-`slurm-master-node-loss` (tgn1 lost: rank 0's node, where the ranks meet).
+`slurm-master-node-loss` (tgn1 lost: rank 0's node, where the ranks meet),
+`slurm-elastic-node-loss` (tgn2 lost under a torchrun job: only its agent is replaced, the
+survivors' agents restart their workers into the new rendezvous round).
 Each must conclude "recovered automatically", backed by the four questions, progress
 continuous from the checkpoint, the old step gone in Slurm's own view, the spare bound;
 `verify` reproduces them; each job is ended by cancelling its allocation, which the actuator
@@ -23,13 +25,21 @@ from pathlib import Path
 
 import pytest
 
+from trainguard.actuators.pool import LAUNCH_EPOCH
 from trainguard.dev.slurm import BRIDGE, NETNS_PREFIX
 from trainguard.drills.evidence.evaluate import Evaluation
 from trainguard.drills.runner import run_drills, runs_root
 from trainguard.drills.scenario import resolve
 from trainguard.drills.verify import verify_run
 from trainguard.events.codec import decode
-from trainguard.events.payloads import Command, CommandAction, JobEnded, SchedulerEnd
+from trainguard.events.payloads import (
+    Command,
+    CommandAction,
+    JobEnded,
+    PoolUnit,
+    SchedulerEnd,
+    UnitState,
+)
 
 pytestmark = pytest.mark.drill
 
@@ -38,7 +48,9 @@ SCENARIOS = {"slurm-node-loss": ("node_silent", "tgn2"),
              "slurm-rank-kill": ("process_exit", None),
              "slurm-partition": ("node_silent", "tgn2"),
              "slurm-node-loss-broker-outage": ("node_silent", "tgn2"),
-             "slurm-master-node-loss": ("node_silent", "tgn1")}
+             "slurm-master-node-loss": ("node_silent", "tgn1"),
+             "slurm-elastic-node-loss": ("node_silent", "tgn2")}
+ELASTIC = frozenset({"slurm-elastic-node-loss"})  # torchrun: a migrate moves the lost node only
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +91,14 @@ def test_recovered_automatically_on_the_spare(run_dir: Path, name: str) -> None:
     assert checks["resumed_from_last_valid_checkpoint"].event_ids
     assert checks["slurm:old_steps_gone"].status.value == "pass", detail
     assert checks["slurm:spare_bound"].status.value == "pass", detail
+    units = [e.payload for e in events if isinstance(e.payload, PoolUnit)]
+    fenced = sorted(u.unit for u in units if u.state is UnitState.FENCED)
+    kept = sorted(u.unit for u in units if u.state is UnitState.BOUND
+                  and LAUNCH_EPOCH in u.resources)
+    if name in ELASTIC:  # the survivors' agents never fenced, bound at the new epoch in place
+        assert (fenced, kept) == ([lost], sorted({"tgn1", "tgn3"} - {lost})), (fenced, kept)
+    else:  # every rank relaunched: nothing kept in place
+        assert kept == [], kept
     # the drill ends its job as a user does, by cancelling the allocation: the actuator says
     # so, and the ranks' exits call nobody
     closed = json.loads((sdir / "archive.json").read_text())["window"]["closed_us"]

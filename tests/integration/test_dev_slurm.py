@@ -147,7 +147,7 @@ def test_a_torchrun_job_spans_the_nodes(cluster: SlurmCluster) -> None:
     script.write_text(TRAIN)
     results = Path(info.shared_dir) / "ranks"
     results.mkdir(exist_ok=True)
-    argv = torchrun_argv(info, nnodes=3, nproc_per_node=2, run_id="t1",
+    argv = torchrun_argv(info.rdzv_endpoint, nnodes=3, nproc_per_node=2, run_id="t1",
                          script=[str(script), str(results)])
     srun(cluster, "-N3", "-w", "tgn1,tgn2,tgn3", *argv, timeout_s=120)
     # each rank writes its row to the shared directory (srun interleaves the tasks' stdout)

@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests import keys
 from trainguard.actuators.jobspec import JobSpec, UnitSpec
 from trainguard.actuators.service import Actuator, ActuatorOptions
 from trainguard.actuators.slurm import SlurmBackend
@@ -221,7 +222,6 @@ def test_a_signed_migrate_moves_the_lost_nodes_rank_to_the_spare(cluster: SlurmC
     """The actuator service (in-memory bus) with the Slurm backend: it launches the job as
     steps, a node is lost, decide's signed tier-2 MIGRATE of its rank is carried out: the old
     steps fenced by step id, every rank relaunched at a new epoch, the lost rank on the spare."""
-    from tests import keys
     from trainguard.actuators import signing
     from trainguard.events.clock import now_us
     from trainguard.events.codec import make_event
@@ -371,7 +371,6 @@ def test_a_cancelled_allocation_is_said_once_and_no_restart_runs_in_it(cluster: 
     """``scancel`` of the allocation (what a user, or the time limit, does): the actuator reads
     Slurm's final state, says ``job.ended`` once, signed, and a migrate decided before decide
     read it fails saying why, with nothing fenced or launched."""
-    from tests import keys
     from trainguard.actuators import signing
     from trainguard.events.clock import now_us
     from trainguard.events.codec import make_event
@@ -473,7 +472,7 @@ def elastic_job(job_id: str, cluster: SlurmCluster, tmp_path: Path) -> JobSpec:
               "--steps", "100000", "--ckpt-every", str(CKPT_EVERY), "--step-ms", "150",
               "--timeout-s", "20", "--cpu",
               "--progress-file", str(progress / "rank{rank}-e{epoch}.jsonl")]
-    command = torchrun_argv(info, nnodes=2, nproc_per_node=1, run_id="{job_id}",
+    command = torchrun_argv(info.rdzv_endpoint, nnodes=2, nproc_per_node=1, run_id="{job_id}",
                             script=script, max_restarts=3)
     return JobSpec(job_id=job_id, world_size=2, command=tuple(command), elastic=True,
                    units=(UnitSpec("tgn1", (), 0), UnitSpec("tgn2", (), 1),
@@ -493,12 +492,12 @@ def lines(progress: Path) -> list[dict[str, Any]]:
 
 def test_an_elastic_job_swaps_the_lost_node_and_keeps_the_survivor(cluster: SlurmCluster,
                                                                   tmp_path: Path) -> None:
-    from tests import keys
-    from trainguard.actuators import signing
-    from trainguard.events.clock import now_us
-    from trainguard.events.codec import make_event
-    from trainguard.events.envelope import Subject
-    from trainguard.events.payloads import Command, CommandAction, MigrateParams
+    """A signed MIGRATE after a node loss replaces that node's torchrun agent alone: the
+    survivor's step is kept and bound at the new epoch, its worker restarted by its agent
+    reads that epoch from the job's epoch file, and both slots resume from the newest
+    checkpoint. A later RESUME then fences the kept replica too (by the epoch it was launched
+    at) and relaunches both agents, which meet again in the rendezvous."""
+    from trainguard.events.payloads import CommandAction, MigrateParams, ResumeParams
 
     cli, alloc = allocate(cluster)
     job = elastic_job("el1", cluster, tmp_path)
@@ -514,6 +513,13 @@ def test_an_elastic_job_swaps_the_lost_node_and_keeps_the_survivor(cluster: Slur
         return max((ln["step"] for ln in lines(progress) if ln["kind"] == "checkpoint"),
                    default=0)
 
+    async def stepping_after(t: float, task: asyncio.Task[None]) -> float:
+        """Both slots started again after ``t`` and stepped: when."""
+        while not all(_stepped_after(lines(progress), slot, t) for slot in (0, 1)):
+            assert time.time() < t + 180 and not task.done(), lines(progress)[-6:]
+            await asyncio.sleep(0.5)
+        return time.time()
+
     async def go() -> None:
         loop = asyncio.get_running_loop()
         async with actuator_running(bus, opts, be) as task:
@@ -526,55 +532,82 @@ def test_an_elastic_job_swaps_the_lost_node_and_keeps_the_survivor(cluster: Slur
             await asyncio.to_thread(lose_node, "tgn2", "tgsv2")
             marks["lost"] = time.time()
             marks["ckpt"] = last_checkpoint()
-            cmd = Command(command_id="cmd-el-loss", idempotency_key="k-el-loss",
-                          action=CommandAction.MIGRATE, tier=2, issued_at=now_us(),
-                          issued_by="trainguard-decide", cause_verdict_ids=["v-node-tgn2"],
-                          params=MigrateParams(rank=1, ranks=[1], from_unit="tgn2",
-                                               from_units=["tgn2"], reason="node lost"))
-            cmd = signing.sign(keys.COMMAND, job.job_id, Subject(rank=1), cmd)
-            prod = bus.producer()
-            await prod.start()
-            await prod.send(make_event(cmd, event_id="ev-el-loss", job_id=job.job_id,
-                                       event_time=cmd.issued_at, source="test",
-                                       subject=Subject(rank=1)))
-            await prod.stop()
-            while not any(o.status in (OutcomeStatus.DONE, OutcomeStatus.FAILED)
-                          for o in outcomes_on(bus)):
-                assert time.time() < marks["lost"] + 90 and not task.done()
-                await asyncio.sleep(0.2)
-            marks["done"] = time.time()
-            # both slots step again after the swap: past the checkpoint they resumed from
-            while not all(_stepped_after(lines(progress), slot, marks["lost"])
-                          for slot in (0, 1)):
-                assert time.time() < marks["lost"] + 180, lines(progress)[-6:]
-                assert not task.done()
-                await asyncio.sleep(0.5)
-            marks["stepping"] = time.time()
+            await send_command(bus, job, "el-loss", CommandAction.MIGRATE, MigrateParams(
+                rank=1, ranks=[1], from_unit="tgn2", from_units=["tgn2"], reason="node lost"))
+            marks["done"] = await until_final(bus, task, 1, marks["lost"] + 90)
+            marks["stepping"] = await stepping_after(marks["lost"], task)
             after = be.step_of(job, 0, 1)
             assert after is not None and after.step_id == survivor.step_id
+            marks["live"] = len(be.live(job))
+            marks["resume"] = time.time()
+            await send_command(bus, job, "el-resume", CommandAction.RESUME, ResumeParams(
+                rank=0, reason="test: the whole group in place"))
+            await until_final(bus, task, 2, marks["resume"] + 90)
+            marks["resumed"] = await stepping_after(marks["resume"], task)
 
     try:
         asyncio.run(asyncio.wait_for(go(), 420))
         final = [o for o in outcomes_on(bus) if o.status is not OutcomeStatus.ACCEPTED]
-        assert [o.status for o in final] == [OutcomeStatus.DONE], final
+        assert [o.status for o in final] == [OutcomeStatus.DONE] * 2, final
         assert "ranks [0] keep their replicas" in final[0].detail
-        live = {(r.rank, r.unit, r.epoch) for r in be.live(job)}
-        assert live == {(0, "tgn1", 1), (1, "tgn3", 2)}  # the survivor kept step and epoch
+        assert marks["live"] == 2  # after the swap: the kept agent and the spare's
         old = be.step_of(job, 1, 1)
         assert old is not None and be.gone(old.step_id, timeout_s=0)
         got = lines(progress)
-        starts = [ln for ln in got if ln["kind"] == "start" and ln["time"] > marks["lost"]]
-        # the survivor's worker (restarted by its agent, epoch 1) and the spare's (epoch 2)
-        assert {(s["rank"], s["epoch"]) for s in starts} >= {(0, 1), (1, 2)}, starts
+        starts = [ln for ln in got if ln["kind"] == "start"
+                  and marks["lost"] < ln["time"] < marks["resume"]]
+        # the survivor's worker, restarted by its agent, reads the group's new epoch
+        assert sorted((s["rank"], s["epoch"]) for s in starts) == [(0, 2), (1, 2)], starts
         resumed = {s["resumed_from"] for s in starts}
         assert resumed == {marks["ckpt"]}, (resumed, marks["ckpt"])  # the newest checkpoint
+        # the resume fenced the kept replica (launched at epoch 1) and relaunched both
+        live = {(r.rank, r.unit, r.epoch) for r in be.live(job)}
+        assert live == {(0, "tgn1", 3), (1, "tgn3", 3)}, live
+        assert be.gone(survivor_step(be, job), timeout_s=0)
         print(f"elastic swap: command done {marks['done'] - marks['lost']:.1f} s after the "
               f"loss, both slots stepping {marks['stepping'] - marks['lost']:.1f} s after it; "
-              f"resumed from step {marks['ckpt']}")
+              f"resumed from step {marks['ckpt']}; a full resume after it stepping in "
+              f"{marks['resumed'] - marks['resume']:.1f} s")
     finally:
         for r in be.live(job):
             be.fence(job, r)
         subprocess.run(["scancel", str(alloc)], env=cli.env, check=False)
+
+
+def survivor_step(be: SlurmBackend, job: JobSpec) -> str:
+    rec = be.step_of(job, 0, 1)
+    assert rec is not None
+    return rec.step_id
+
+
+async def send_command(bus: MemoryBus, job: JobSpec, key: str, action: Any,
+                       params: Any) -> None:
+    """A command for ``job`` as decide signs it, on the bus."""
+    from trainguard.actuators import signing
+    from trainguard.events.clock import now_us
+    from trainguard.events.codec import make_event
+    from trainguard.events.envelope import Subject
+    from trainguard.events.payloads import Command
+
+    cmd = Command(command_id=f"cmd-{key}", idempotency_key=f"k-{key}", action=action,
+                  tier=2, issued_at=now_us(), issued_by="trainguard-decide",
+                  cause_verdict_ids=[f"v-{key}"], params=params)
+    subject = Subject(rank=params.rank)
+    cmd = signing.sign(keys.COMMAND, job.job_id, subject, cmd)
+    prod = bus.producer()
+    await prod.start()
+    await prod.send(make_event(cmd, event_id=f"ev-{key}", job_id=job.job_id,
+                               event_time=cmd.issued_at, source="test", subject=subject))
+    await prod.stop()
+
+
+async def until_final(bus: MemoryBus, task: asyncio.Task[None], n: int, deadline: float
+                      ) -> float:
+    """The ``n``-th command's final outcome is on the bus: when."""
+    while sum(o.status is not OutcomeStatus.ACCEPTED for o in outcomes_on(bus)) < n:
+        assert time.time() < deadline and not task.done()
+        await asyncio.sleep(0.2)
+    return time.time()
 
 
 def _stepped_after(got: list[dict[str, Any]], slot: int, t: float) -> bool:

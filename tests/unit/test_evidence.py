@@ -337,3 +337,26 @@ def test_reports_lost_with_a_node_are_not_skipped_steps_when_its_peers_ran_them(
     ev = evaluate(EvidenceInput(JOB, skipped, EXPECT, 1e-3, 10, b, a))
     check = next(c for c in ev.checks if c.name == "no_step_skipped")
     assert check.status is Status.FAIL and "epoch 1 ended at step 19" in check.detail
+
+
+def test_an_elastic_jobs_kept_replicas_need_their_old_workers_gone_first() -> None:
+    """An elastic job's migrate keeps the survivors' launchers, bound at the new epoch in
+    place (``launch_epoch``): recovered, with nothing fenced for them; but a worker of the old
+    epoch reporting after the new epoch began fails the check that the old replica stopped
+    first."""
+    ev = run(Knobs(world=3, elastic=True))
+    assert ev.conclusion is Conclusion.RECOVERED_AUTOMATICALLY, ev.reasons
+    check = next(c for c in ev.checks if c.name == "old_replica_stopped_before_new_started")
+    assert "2 replica(s) kept at the new epoch" in check.detail
+    late = run(Knobs(world=3, elastic=True, late_old_worker=True))
+    assert status(late, "old_replica_stopped_before_new_started") is Status.FAIL
+    assert late.conclusion is not Conclusion.RECOVERED_AUTOMATICALLY
+
+
+def test_the_loss_is_compared_by_the_data_shard_a_rank_was_fed() -> None:
+    """After an elastic job's swap a slot may be fed another group rank's shard: its loss is
+    that shard's, which its ``dp_rank`` says; compared by rank alone it would look wrong."""
+    said = run(Knobs(world=3, swap_shards=True))
+    assert status(said, "loss_within_tolerance_of_baseline") is Status.PASS
+    unsaid = run(Knobs(world=3, swap_shards=True, say_shard=False))
+    assert status(unsaid, "loss_within_tolerance_of_baseline") is Status.FAIL

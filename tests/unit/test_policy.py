@@ -786,6 +786,24 @@ def test_exits_nobody_accounted_for_wait_for_the_schedulers_word_and_it_ends_the
     assert out == []
 
 
+def test_sigterm_exits_wait_for_the_schedulers_word_too() -> None:
+    """A torchrun job under ``scancel``: each agent stops its workers with SIGTERM, so the
+    exits are read with signal 15 (drill run 2026120720570234b1 escalated on them 0.8 s
+    before ``job.ended`` arrived); they wait ``scheduler_settle_s``. A SIGKILL does not."""
+    s = pool()
+    term = [verdict("process_exit", r, 10 * S + r, pid=100 + r, sig=15) for r in range(3)]
+    s, out = feed(s, term, 10 * S)
+    s, out = feed(s, [], 10 * S + int(CFG.settle_s * S) + 10)
+    assert out == []
+    s, out = feed(s, [job_ended(12 * S)], 12 * S)
+    s, out = feed(s, [], 10 * S + int(CFG.scheduler_settle_s * S) + 10)
+    assert out == [] and JOB in s.stopped
+    s = pool(spares=1)
+    s, out = feed(s, [verdict("process_exit", 1, 10 * S, pid=101, sig=9)], 10 * S)
+    s, out = feed(s, [], 10 * S + int(CFG.settle_s * S))
+    assert [d.command.action for d in out] == [CommandAction.MIGRATE]
+
+
 def test_without_the_schedulers_word_the_unaccounted_exits_are_decided_after_its_wait() -> None:
     s = pool()
     s, _ = feed(s, scancelled(10 * S, ranks=1), 10 * S)

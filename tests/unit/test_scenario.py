@@ -187,3 +187,17 @@ def test_a_storage_fault_needs_the_local_stack_s_loop_file_system(name: str) -> 
     with pytest.raises(ScenarioError) as info:
         parse_scenario({**doc, "stack": "slurm"}, "drills/x.yaml")
     assert info.value.field == "stack" and "loop-mounted" in info.value.reason
+
+
+def test_a_torchrun_launcher_is_the_clusters_and_names_a_known_launcher() -> None:
+    path = next(p for p in resolve(["slurm-elastic-node-loss"])).source
+    doc = yaml.safe_load(Path(path).read_text())
+    assert parse_scenario(doc).launcher == "torchrun"
+    assert parse_scenario({k: v for k, v in doc.items() if k != "launcher"}).launcher == "srun"
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario({**doc, "launcher": "mpirun"}, "drills/x.yaml")
+    assert info.value.field == "launcher" and "one of srun, torchrun" in info.value.reason
+    local = yaml.safe_load(Path(next(p for p in resolve(["r1-worker-exit"])).source).read_text())
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario({**local, "launcher": "torchrun"}, "drills/x.yaml")
+    assert info.value.field == "launcher" and "stack must be slurm" in info.value.reason

@@ -393,7 +393,8 @@ def test_a_migration_of_rank_0_moves_where_every_rank_meets(tmp_path: Path) -> N
 def test_an_elastic_job_migrates_only_the_moved_rank(tmp_path: Path) -> None:
     """``elastic``: each unit runs a launcher that re-forms the group (torchrun). A migrate
     fences and relaunches rank 1 alone, on the spare at a new epoch; ranks 0 and 2 keep their
-    replicas (pids) and epochs, and their units stay bound."""
+    replicas (pids), bound at the new epoch too, which the job's epoch file says for the
+    workers their launchers restart."""
     bus = MemoryBus()
     backend = FakeBackend()
     job = JobSpec(job_id=JOB, world_size=3, node="n1", elastic=True,
@@ -431,6 +432,12 @@ def test_an_elastic_job_migrates_only_the_moved_rank(tmp_path: Path) -> None:
     units = [e.payload for e in bus.events(TopicRole.OUTCOMES) if isinstance(e.payload, PoolUnit)]
     fenced = [(u.unit, u.rank, u.epoch) for u in units if u.state is UnitState.FENCED]
     assert fenced == [("u1", 1, 1)]
+    rebound = [(u.unit, u.rank, u.epoch, u.pid, u.resources.get("launch_epoch"))
+               for u in units if u.state is UnitState.BOUND and u.command_id == "cmd-e1"]
+    assert rebound == [("spare", 1, 2, after[1].pid, None),
+                       ("u0", 0, 2, before[0].pid, 1), ("u2", 2, 2, before[2].pid, 1)]
+    assert job.epoch_file is not None and job.epoch_file.read_text() == "2\n"
+    assert job.env_for("u0")["TRAINGUARD_BINDING_EPOCH_FILE"] == str(job.epoch_file)
 
 
 def test_an_elastic_command_names_no_per_launch_endpoint(tmp_path: Path) -> None:

@@ -19,11 +19,14 @@ the job's checkpoint storage fails the command the same way, but marked retryabl
 
 An elastic job (``JobSpec.elastic``: each unit runs a launcher such as torchrun that re-forms
 the group by itself) is migrated in part: only the moved ranks' replicas are fenced and
-relaunched (at a new epoch, into the launcher's rendezvous); the others keep their replicas
-and epochs, their launchers restarting the workers into the new round. Binding epochs are then
-per rank (the gate in ``rules/epochs.py`` is per rank already). A resume, and a command found
-in flight after a crash, restart every rank as above (the launchers meet again once the
-rendezvous has dropped the dead ones).
+relaunched, into the launcher's rendezvous; the others keep their replicas, their launchers
+restarting the workers into the new round. The group still moves to one new epoch: it is
+written to the job's epoch file (``JobSpec.epoch_file``) before the moved ranks launch, so
+every worker that starts in the new round reads it, and the kept replicas are bound at it
+(their ``launch_epoch`` resource keeps what the backend launched them at). Reports and exits
+of the old workers are then a replaced binding's, as after any restart. A resume, and a
+command found in flight after a crash, restart every rank as above (the launchers meet again
+once the rendezvous has dropped the dead ones).
 
 Crash safety: every launch and restart is write-ahead in the command journal
 (``journal.py``): ``intent`` (the plan: placement, quarantined units, the command) before
@@ -49,6 +52,7 @@ import signal
 import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -66,6 +70,7 @@ from trainguard.actuators.fencing import FenceError, is_stale
 from trainguard.actuators.jobspec import JobSpec, JobSpecError
 from trainguard.actuators.journal import Intent, Journal, Phase, in_flight, phase_record
 from trainguard.actuators.pool import (
+    LAUNCH_EPOCH,
     PoolState,
     Unit,
     choose_spares,
@@ -241,6 +246,8 @@ class Executor:
                              f"{'bound' if live else 'running'}: fence before launching")
         epoch = max(self.pool.job_epoch(self.job.job_id), self.backend.epoch(self.job)) + 1
         port, master = free_port(), self.job.master_addr(placement)
+        if self.job.epoch_file is not None:  # before any rank of this epoch can start
+            write_epoch(self.job.epoch_file, epoch)
         for n, rank in enumerate(ranks):
             unit = self.job.unit(placement[rank])
             rep = self.backend.launch(self.job, unit, rank, epoch, port, command_id, master)
@@ -270,10 +277,14 @@ class Executor:
         return epoch
 
     def replicas(self) -> dict[int, Replica]:
+        """The bound replicas, each at the epoch its backend launched it at (an elastic job's
+        kept replica is bound at a later one: ``launch_epoch``)."""
         out: dict[int, Replica] = {}
         for rank, unit in self.pool.bound(self.job.job_id).items():
             created = unit.resources.get("create_time")
-            out[rank] = Replica(rank, unit.name, unit.epoch or 0, unit.pid or 0,
+            launched = unit.resources.get(LAUNCH_EPOCH)
+            epoch = launched if isinstance(launched, int) else unit.epoch or 0
+            out[rank] = Replica(rank, unit.name, epoch, unit.pid or 0,
                                 float(created) if isinstance(created, int | float) else None)
         return out
 
@@ -513,6 +524,8 @@ class Executor:
             self._phase(cmd.command_id, "fenced")
             t1 = time.monotonic()
             epoch = self.launch(placement, cmd.command_id, intent.reason, only)
+            if only is not None:
+                self._rebind_kept(epoch, only, cmd.command_id)
             bind_ms = (time.monotonic() - t1) * 1000
             self._phase(cmd.command_id, "launched")
         except (FenceError, JobSpecError, OSError):
@@ -533,6 +546,21 @@ class Executor:
         return Result(OutcomeStatus.DONE, f"{cmd.action.value}:{moved} {len(placement)} ranks "
                       f"fenced and relaunched at epoch {epoch}, resuming from the last valid "
                       "checkpoint", done)
+
+    def _rebind_kept(self, epoch: int, moved: Collection[int], command_id: str) -> None:
+        """An elastic job's ranks that kept their replicas through a migrate: bound at the
+        group's new epoch (their launchers restart the workers into the new round, and the
+        workers read the epoch from the job's epoch file). ``launch_epoch`` keeps the epoch
+        the backend launched the replica at: it is what the backend's own record names."""
+        for rank, unit in sorted(self.pool.bound(self.job.job_id).items()):
+            if rank in moved or unit.epoch == epoch:
+                continue
+            launched = unit.resources.get(LAUNCH_EPOCH, unit.epoch)
+            self.unit_event(unit.name, UnitState.BOUND, rank=rank, epoch=epoch, pid=unit.pid,
+                            command_id=command_id,
+                            reason=f"kept through the migrate: its launcher restarts the "
+                                   f"workers at epoch {epoch}",
+                            resources={**unit.resources, LAUNCH_EPOCH: launched})
 
     def _quarantine(self, units: Iterable[str], cmd: Command) -> None:
         """Tell the scheduler (a backend that has one) to place nothing on ``units``."""
@@ -592,6 +620,24 @@ class Executor:
                              job_id=event.job_id, event_time=now_us(), source=SOURCE,
                              subject=Subject(rank=p.rank, node=event.subject.node)))
         return True
+
+
+def write_epoch(path: Path, epoch: int) -> None:
+    """An elastic job's binding epoch, for its workers to read as they start: written whole
+    (a temporary file, fsync'd, renamed over the old one, the directory fsync'd), so a worker
+    reads the old epoch or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(f"{epoch}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _retry_when_storage(cmd: Command, blocked: bool) -> ActionData | None:

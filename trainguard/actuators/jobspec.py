@@ -33,6 +33,9 @@ resume, and a command an actuator restart finds in flight, still restart every r
 is the unit's slot in the job (``TRAINGUARD_RANK``, what reports and verdicts name), not the
 process-group rank the rendezvous assigns; ``{port}`` and ``{master_addr}`` are refused (a
 relaunched unit must find the survivors where they are: the rendezvous endpoint is fixed).
+The job's binding epoch is kept in ``<ckpt_dir>/.trainguard-binding-epoch``
+(``TRAINGUARD_BINDING_EPOCH_FILE`` in the ranks' environment): a worker its launcher restarts
+reads the epoch the group was re-formed at there (``trainguard_sdk.identity``).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
+from trainguard_sdk.identity import ENV_BINDING_EPOCH_FILE
 
 from trainguard.configfile import ConfigFileError, finite_in, load_yaml, show
 from trainguard.events.envelope import JobId, Subject
@@ -54,6 +58,7 @@ class JobSpecError(ValueError):
 
 
 MASTER_ADDR = "{master_addr}"
+EPOCH_FILE = ".trainguard-binding-epoch"  # an elastic job's, in its checkpoint directory
 
 
 _JOB_ID: TypeAdapter[str] = TypeAdapter(JobId)
@@ -111,8 +116,18 @@ class JobSpec:
 
     def env_for(self, unit: str) -> dict[str, str]:
         """The ranks' extra environment on ``unit``: ``env`` with ``{unit}`` in its values
-        replaced by the unit's name (what the probe of a spare reads too)."""
-        return {k: v.replace("{unit}", unit) for k, v in self.env.items()}
+        replaced by the unit's name (what the probe of a spare reads too); an elastic job's
+        epoch file."""
+        out = {k: v.replace("{unit}", unit) for k, v in self.env.items()}
+        if self.epoch_file is not None:
+            out[ENV_BINDING_EPOCH_FILE] = str(self.epoch_file)
+        return out
+
+    @property
+    def epoch_file(self) -> Path | None:
+        """Where an elastic job's binding epoch is written for its workers (None: not
+        elastic; the epoch is the launch's, in ``TRAINGUARD_BINDING_EPOCH``)."""
+        return self.ckpt_dir / EPOCH_FILE if self.elastic else None
 
     @property
     def meets_at_master_addr(self) -> bool:

@@ -64,8 +64,10 @@ The ladder, lightest first:
   unrecoverable, which is told to humans). What is held, waiting or pending for the job is
   dropped. When the scheduler kills every rank at once, the exits come before the actuator's
   word: exits nobody could read and no rank accounted for (no code, no signal, no
-  declaration: under Slurm every rank killed by ``scancel``) are all alike, and a job whose
-  held failures are only such exits is held ``scheduler_settle_s`` rather than ``settle_s``.
+  declaration: under Slurm every rank killed by ``scancel``) are all alike, and so are exits
+  by SIGTERM, the signal schedulers and launchers stop processes with first (an elastic job's
+  workers, stopped by their torchrun agent as ``scancel`` stops it); a job whose held
+  failures are only such exits is held ``scheduler_settle_s`` rather than ``settle_s``.
   A rank killed alone is the same kind of exit, but its peers declare they lost it at once,
   and the normal window applies.
 
@@ -78,6 +80,7 @@ from __future__ import annotations
 
 import copy
 import math
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -155,7 +158,7 @@ class PolicyConfig:
     peer_exit_codes: tuple[int, ...] = (3,)
     # a job whose held failures are only exits nobody accounted for waits this long for the
     # actuator's word that the scheduler ended it (its watch polls about every second)
-    scheduler_settle_s: float = 3.0
+    scheduler_settle_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("window_s", "settle_s", "backlog_lag_s", "backlog_settle_s",
@@ -282,7 +285,8 @@ def tick(state: PolicyState, now_us: int, cfg: PolicyConfig) -> tuple[PolicyStat
     s = _copy(state)
     out: list[Decision] = []
     for job in sorted(s.held):
-        settle = cfg.scheduler_settle_s if all(map(_unaccounted, s.held[job])) else cfg.settle_s
+        settle = cfg.scheduler_settle_s if all(map(_stop_request, s.held[job])) else \
+            cfg.settle_s
         if now_us - s.held_since[job] >= int(settle * 1e6) and now_us >= s.held_until.get(job, 0):
             _decide_failure(s, job, s.held.pop(job), now_us, cfg, out)
             del s.held_since[job]
@@ -523,6 +527,15 @@ def _unaccounted(ov: OpenVerdict) -> bool:
     declaration (under Slurm, a rank killed by a signal, ``scancel`` among them)."""
     return (ov.kind is VerdictKind.PROCESS_EXIT and ov.signal is None and _code(ov) is None
             and ov.declared_cause is None)
+
+
+def _stop_request(ov: OpenVerdict) -> bool:
+    """An exit that may be a deliberate stop whose word is on its way: unaccounted (above),
+    or by SIGTERM (what ``scancel``, a preemption or a torchrun agent shutting down sends
+    first; a crash is seldom one). Only the wait for that word is longer; the decision after
+    it is the usual one."""
+    return _unaccounted(ov) or (ov.kind is VerdictKind.PROCESS_EXIT
+                                and ov.signal == signal.SIGTERM)
 
 
 def _software_exit(ov: OpenVerdict, cfg: PolicyConfig) -> bool:

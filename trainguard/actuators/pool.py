@@ -32,6 +32,11 @@ NOT_DOMAINS = frozenset({RESERVED_LABEL, "gpu"})  # labels that are no failure d
 Domain = tuple[str, str]  # (level, value): ("node", "n1"), ("rack", "r1"), ("drill_node", "b")
 
 
+# A kept replica's launch epoch, in its ``pool.unit`` resources once an elastic job's migrate
+# bound it at a later epoch (the backend's own record names the launch; the replica is the
+# same process, its launcher restarted the workers)
+LAUNCH_EPOCH = "launch_epoch"
+
 @dataclass(frozen=True)
 class Unit:
     name: str

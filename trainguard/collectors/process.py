@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psutil
+from trainguard_sdk.identity import IdentityError, epoch_file
 
 from trainguard.collectors.base import Discrete, Reading
 from trainguard.events.envelope import Subject
@@ -222,7 +223,9 @@ class ProcessCollector:
         env_binding_epoch: str = ENV_BINDING_EPOCH,
     ) -> list[int]:
         """Register processes whose environment names a job (``TRAINGUARD_JOB_ID``, and
-        optionally ``TRAINGUARD_RANK`` / ``TRAINGUARD_BINDING_EPOCH``). Returns new pids."""
+        optionally ``TRAINGUARD_RANK`` / ``TRAINGUARD_BINDING_EPOCH``, which the file
+        ``TRAINGUARD_BINDING_EPOCH_FILE`` names overrides as for the SDK: an elastic job's
+        worker restarted by its launcher). Returns new pids."""
         found: list[int] = []
         for proc in psutil.process_iter():
             if proc.pid in self._watched or proc.pid == os.getpid():
@@ -234,8 +237,13 @@ class ProcessCollector:
             job = env.get(env_job_id)
             if not job:
                 continue
-            self.register(proc.pid, job, _int_or_none(env.get(env_rank)),
-                          _int_or_none(env.get(env_binding_epoch)), gpu=gpu_of(env))
+            try:
+                written = epoch_file(env)
+            except IdentityError:
+                written = None  # unreadable: the environment's
+            epoch = written if written is not None else _int_or_none(env.get(env_binding_epoch))
+            self.register(proc.pid, job, _int_or_none(env.get(env_rank)), epoch,
+                          gpu=gpu_of(env))
             found.append(proc.pid)
         return found
 

@@ -641,7 +641,7 @@ def _stop_pid_files(pid_files: Iterable[Path]) -> bool:
 NODE_ADDR = "$(ip -4 -br addr show eth0 | tr -s ' ' | cut -d' ' -f3 | cut -d/ -f1)"
 
 
-def torchrun_argv(info: ClusterInfo, *, nnodes: int, nproc_per_node: int, run_id: str,
+def torchrun_argv(rdzv_endpoint: str, *, nnodes: int, nproc_per_node: int, run_id: str,
                   script: Sequence[str], python: str = sys.executable,
                   max_restarts: int = 0) -> list[str]:
     """The command ``srun`` starts once per node: a torchrun agent in that node's namespace,
@@ -658,7 +658,7 @@ def torchrun_argv(info: ClusterInfo, *, nnodes: int, nproc_per_node: int, run_id
     inner = ("GLOO_SOCKET_IFNAME=eth0 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
              f"exec {shlex.quote(python)} -m torch.distributed.run "
              f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-backend c10d "
-             f"--rdzv-endpoint {info.rdzv_endpoint} --rdzv-id {shlex.quote(run_id)} "
+             f"--rdzv-endpoint {rdzv_endpoint} --rdzv-id {shlex.quote(run_id)} "
              f"--max-restarts {max_restarts} --local-addr {NODE_ADDR} "
              + " ".join(shlex.quote(a) for a in script))
     return ["bash", "-c", inner]

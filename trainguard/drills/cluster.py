@@ -30,7 +30,14 @@ from trainguard.actuators.journal import Journal
 from trainguard.actuators.slurm_cli import SlurmCli, SlurmCliError
 from trainguard.actuators.slurm_steps import released, step_record_of
 from trainguard.dev.kafka import KafkaBroker
-from trainguard.dev.slurm import AgentPlan, ClusterInfo, ClusterSpec, SlurmCluster, host_end
+from trainguard.dev.slurm import (
+    AgentPlan,
+    ClusterInfo,
+    ClusterSpec,
+    SlurmCluster,
+    host_end,
+    torchrun_argv,
+)
 from trainguard.drills.job import NODE_LABEL, THREADS, DrillJob
 
 SPEC = ClusterSpec(nodes=3, spares=1)
@@ -58,11 +65,14 @@ class ClusterJob(DrillJob):
     conf: str = ""  # SLURM_CONF
     cluster_root: str = ""  # the dev cluster's state directory (its power-off command's)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    launcher: str = "srun"  # scenario.LAUNCHERS: srun (a step per rank) or torchrun (elastic)
+    rdzv_endpoint: str = ""  # the head's rendezvous store (torchrun's c10d)
 
     def to_dict(self) -> dict[str, Any]:
         """What the job computes (the baseline's key): not where it ran."""
         d = asdict(self)
-        for k in ("agents_root", "alloc", "conf", "cluster_root", "extra", "addresses"):
+        for k in ("agents_root", "alloc", "conf", "cluster_root", "extra", "addresses",
+                  "rdzv_endpoint"):
             d.pop(k)
         d["stack"] = "slurm"
         return d
@@ -81,11 +91,23 @@ class ClusterJob(DrillJob):
     def spec(self, job_id: str, ckpt_dir: Path, run_dir: Path, node: str,
              agent_socket: Path, netns: tuple[Path, str] | None = None) -> dict[str, Any]:
         """The slurm backend's job spec: units are the allocation's nodes; each rank's step
-        reports to its own node's agent."""
-        command = self.workload_argv(progress_dir=run_dir / "progress", python=sys.executable,
-                                     master_addr=MASTER_ADDR)
+        reports to its own node's agent. Under torchrun each step is the node's torchrun agent
+        (one worker: ``{rank}`` is the node's slot), an elastic job: restarts of its workers
+        are the agent's (``--max-restarts 3``), and a migrate replaces the moved nodes'
+        agents alone."""
+        progress = run_dir / "progress"
+        elastic = self.launcher == "torchrun"
+        if elastic:
+            command = torchrun_argv(self.rdzv_endpoint, nnodes=self.world, nproc_per_node=1,
+                                    run_id="{job_id}", max_restarts=3,
+                                    script=["-m", "trainguard.workload.ddp",
+                                            *self.training_args(progress)])
+        else:
+            command = self.workload_argv(progress_dir=progress, python=sys.executable,
+                                         master_addr=MASTER_ADDR)
         return {"job_id": job_id, "world_size": self.world, "node": "slurm-head",
-                "ckpt_dir": str(ckpt_dir), "grace_s": 3, "command": command,
+                "elastic": elastic, "ckpt_dir": str(ckpt_dir), "grace_s": 3,
+                "command": command,
                 "env": {**THREADS, "GLOO_SOCKET_IFNAME": "eth0",
                         "TRAINGUARD_AGENT_SOCKET": f"{self.agents_root}/{{unit}}/agent.sock"},
                 "log_dir": str(run_dir / "ranks"), "units": self.units()}
@@ -163,7 +185,8 @@ class ClusterSite:
     def cli(self) -> SlurmCli:
         return SlurmCli(self.cluster.client_env())
 
-    def job(self, base: ClusterJob | None = None, alloc: int = 0) -> ClusterJob:
+    def job(self, base: ClusterJob | None = None, alloc: int = 0,
+            launcher: str = "srun") -> ClusterJob:
         info = self.require()
         b = base or ClusterJob()
         names = [n.name for n in info.nodes]
@@ -172,7 +195,8 @@ class ClusterSite:
                              "spare_nodes": tuple(names[SPEC.nodes:]),
                              "addresses": {n.name: n.address for n in info.nodes},
                              "agents_root": str(self.cluster.root / "agents"),
-                             "alloc": alloc, "conf": info.conf,
+                             "alloc": alloc, "conf": info.conf, "launcher": launcher,
+                             "rdzv_endpoint": info.rdzv_endpoint,
                              "cluster_root": str(self.cluster.root)})
 
     def node_veth(self) -> dict[str, tuple[str, str]]:

@@ -50,7 +50,12 @@ class DrillJob:
         return [python, "-m", "trainguard.workload.ddp", "--job-id", "{job_id}",
                 "--rank", "{rank}", "--world-size", "{world_size}",
                 "--master-addr", master_addr, "--master-port", "{port}",
-                "--ckpt-dir", "{ckpt_dir}", "--steps", str(self.steps),
+                *self.training_args(progress_dir)]
+
+    def training_args(self, progress_dir: Path) -> list[str]:
+        """The workload's arguments past its identity and rendezvous: what it computes, where
+        it saves and logs."""
+        return ["--ckpt-dir", "{ckpt_dir}", "--steps", str(self.steps),
                 "--ckpt-every", str(self.ckpt_every), "--keep", str(self.keep),
                 "--seed", str(self.seed), "--step-ms", str(self.step_ms),
                 "--batch", str(self.batch), "--timeout-s", str(self.timeout_s), "--cpu",

@@ -652,7 +652,7 @@ def _run_on_cluster(scenarios: Sequence[Scenario], job: DrillJob, run_dir: Path,
                 stack.revive()
                 say(f"[drill] {s.name} (round {s.round}, on the Slurm cluster): {s.title}")
                 with site.allocation() as alloc:
-                    ran = site.job(base, alloc)
+                    ran = site.job(base, alloc, s.launcher)
                     results.append(run_one(stack, s, ran, run_dir, run_id, say, signer, site))
         except KeyboardInterrupt:
             say("[drill] interrupted: evaluating the scenarios that ran")

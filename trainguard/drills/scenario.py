@@ -108,6 +108,11 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
 # machine) or ``slurm`` (the dev Slurm cluster, 3 nodes + 1 spare with an agent each, the job's
 # ranks launched as steps by the slurm backend). Faults that need the cluster:
 STACKS: Final = ("local", "slurm")
+# How the job's ranks start on the cluster: ``srun`` (each rank a step the slurm backend
+# launched, every rank relaunched by a migrate) or ``torchrun`` (each node a torchrun agent
+# step, c10d rendezvous at the head's store: an elastic job, a migrate replaces only the
+# moved nodes' agents and the others restart their workers into the new round)
+LAUNCHERS: Final = ("srun", "torchrun")
 CLUSTER_ONLY: Final = frozenset({"cluster_node_loss", "cluster_partition",
                                   "cluster_node_loss_in_broker_outage",
                                   "cluster_head_partition"})
@@ -203,11 +208,12 @@ class Scenario:
     source: str = "<memory>"
     trigger: Fault | None = None
     stack: str = "local"  # one of STACKS
+    launcher: str = "srun"  # one of LAUNCHERS (the slurm stack's)
 
 
 _TOP: Final = {"name", "round", "title", "description", "preconditions", "fault", "duration_s",
                "expect", "stop_conditions", "rollback", "observe", "tolerance", "trigger",
-               "stack"}
+               "stack", "launcher"}
 # A trigger is not a second fault under test: it is round 1's proven worker exit, used only to
 # make the loop read what the fault changed (a corrupt checkpoint is found only at a resume).
 TRIGGERED_KINDS: Final = ("checkpoint_corruption",)
@@ -279,6 +285,12 @@ def parse_scenario(doc: Any, where: str = "<memory>") -> Scenario:
     if fault.kind in CLUSTER_ONLY and stack != "slurm":
         raise ctx.fail("stack", f"{fault.kind} needs the cluster: stack must be slurm "
                        f"(got {stack!r})")
+    launcher = top.get("launcher", "srun")
+    if launcher not in LAUNCHERS:
+        raise ctx.fail("launcher", f"one of {', '.join(LAUNCHERS)} (got {launcher!r})")
+    if launcher != "srun" and stack != "slurm":
+        raise ctx.fail("launcher", f"{launcher} runs the job on the cluster: stack must be "
+                       f"slurm (got {stack!r})")
     if fault.kind in LOOP_FS_ONLY and stack != "local":
         raise ctx.fail("stack", f"{fault.kind} acts on the drill's loop-mounted file system, "
                        f"which only the local stack has: stack must be local (got {stack!r})")
@@ -297,7 +309,8 @@ def parse_scenario(doc: Any, where: str = "<memory>") -> Scenario:
         rollback=_rollback(ctx, top["rollback"], fault.kind),
         preconditions=_pre(ctx, top.get("preconditions", {})),
         observe=_observe(ctx, top.get("observe", {})),
-        tolerance=_tolerance(ctx, top.get("tolerance", {})), source=where, stack=stack)
+        tolerance=_tolerance(ctx, top.get("tolerance", {})), source=where, stack=stack,
+        launcher=launcher)
 
 
 def _fault(ctx: _Ctx, doc: Any, at: str = "fault") -> Fault:

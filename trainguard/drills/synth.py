@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainguard.actuators.pool import LAUNCH_EPOCH
 from trainguard.drills.evidence.model import Artifacts, Baseline, CheckpointFile
 from trainguard.events.codec import make_event
 from trainguard.events.envelope import Event, Subject
@@ -15,6 +16,7 @@ from trainguard.events.payloads import (
     Command,
     CommandAction,
     CommandOutcome,
+    FlatMap,
     IncidentState,
     IncidentTransition,
     Injection,
@@ -65,6 +67,15 @@ class Knobs:
     broken_file: bool = False  # a committed checkpoint fails verification on disk
     temp_left: bool = False  # a temp file is left in the checkpoint directory
     uid_changed: bool = False
+    # an elastic job: the survivors' replicas (launchers) are kept and bound at the new epoch
+    # in place, their workers restarted (new pids); and one of their old workers reporting
+    # after the new epoch began
+    elastic: bool = False
+    late_old_worker: bool = False
+    # after the resume, the last two ranks are fed each other's data shards (an elastic
+    # job's slots, given other group ranks by the rendezvous), saying so in ``dp_rank`` or not
+    swap_shards: bool = False
+    say_shard: bool = True
 
 
 class _Log:
@@ -81,18 +92,24 @@ class _Log:
 
 
 def _unit(log: _Log, t: int, name: str, state: UnitState, rank: int, epoch: int, pid: int,
-          cpus: int = 1, released: list[str] | None = None) -> None:
+          cpus: int = 1, released: list[str] | None = None,
+          launched: int | None = None) -> None:
+    resources: FlatMap = {"cpus": list(range(cpus))}
+    if launched is not None:
+        resources[LAUNCH_EPOCH] = launched
     log.add(PoolUnit(unit=name, state=state, node="n", rank=rank, epoch=epoch, pid=pid,
-                     resources={"cpus": list(range(cpus))}, released=released or []), t,
+                     resources=resources, released=released or []), t,
             Subject(node="n", unit=name, rank=rank))
 
 
 def _step(log: _Log, k: Knobs, t: int, rank: int, epoch: int, step: int, pid: int,
-          drift: float = 0.0, pos_off: int = 0) -> None:
+          drift: float = 0.0, pos_off: int = 0, shard: int | None = None) -> None:
     g = k.world * k.batch
+    fed = rank if shard is None else shard
     log.add(StepReport(rank=rank, world_size=k.world, binding_epoch=epoch, step=step,
                        samples_consumed=step * g + pos_off, compute_ms=5.0,
-                       loss=loss_at(rank, step) + drift, pid=pid), t, Subject(rank=rank))
+                       dp_rank=shard if k.say_shard else None,
+                       loss=loss_at(fed, step) + drift, pid=pid), t, Subject(rank=rank))
 
 
 def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
@@ -139,7 +156,7 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
     t_fence = t + 10_000
     t_bind = t + 20_000 if not k.bind_before_fence else t + 5_000
     for r in range(k.world):
-        if k.no_fence and r == k.victim:
+        if (k.no_fence and r == k.victim) or (k.elastic and r != k.victim):
             continue
         how = "already gone" if r == k.victim else "sigterm, confirmed dead after 12 ms"
         _unit(log, t_fence + r, units[r], UnitState.FENCED, r, 1, old_pid[r],
@@ -147,6 +164,9 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
     for r in range(k.world):
         name = "spare0" if r == k.victim else units[r]
         cpus = 2 if (k.cpus_changed and r == k.victim) else 1
+        if k.elastic and r != k.victim:  # kept: the same launcher, bound at epoch 2
+            _unit(log, t_bind + r, name, UnitState.BOUND, r, 2, old_pid[r], launched=1)
+            continue
         _unit(log, t_bind + r, name, UnitState.BOUND, r, 2, new_pid[r], cpus=cpus)
     log.add(CommandOutcome(command_id="c1", idempotency_key="k1", action=CommandAction.MIGRATE,
                            status=OutcomeStatus.DONE,
@@ -177,7 +197,11 @@ def synth_drill(k: Knobs = Knobs()) -> tuple[list[Event], Baseline, Artifacts]:
             if step == missing and r == 0:
                 continue
             drift = k.loss_drift if step - start >= k.drift_after else 0.0
-            _step(log, k, t + r, r, 2, step, new_pid[r], drift, k.position_offset)
+            shard = (2 * k.world - 3 - r if r >= k.world - 2 else r) if k.swap_shards else None
+            _step(log, k, t + r, r, 2, step, new_pid[r], drift, k.position_offset, shard)
+        if k.late_old_worker and step == start:
+            survivor = (k.victim + 1) % k.world
+            _step(log, k, t + 5, survivor, 1, k.steps_before + 1, old_pid[survivor] + 500)
         if k.duplicate and step < start + 3:
             _step(log, k, t + 5, k.victim, 1, k.steps_before + step - start + 1,
                   old_pid[k.victim])

@@ -11,7 +11,10 @@ through the ``StepReporter`` and checkpointing through the ``CheckpointManager``
 Identity: ``--job-id``, ``--rank`` and ``--world-size`` when given, else from the launcher
 (``trainguard_sdk.identity_from_env``: trainguard's actuator, torchrun, Slurm). Without
 ``--master-port`` the ranks join through ``env://`` (torchrun's ``MASTER_ADDR`` /
-``MASTER_PORT`` and its store); with it, rank 0 hosts the store.
+``MASTER_PORT`` and its store); with it, rank 0 hosts the store. An elastic job run by
+trainguard's actuator (torchrun agents as its replicas): the reported rank is the unit's slot
+(``TRAINGUARD_RANK``) and the process joins the group, takes its data shard and reports it as
+its ``dp_rank`` at torchrun's ``RANK`` (``_group_rank``).
 
 Every rank starts by resuming from the newest checkpoint all ranks find valid (a fresh start
 when there is none) and continues at its step + 1 with its data position; ranks run until
@@ -228,7 +231,8 @@ def _run(args: argparse.Namespace, epoch: int) -> int:
 
     rank, world, group = args.rank, args.world_size, args.group_rank
     progress = ProgressLog(args.progress_file, rank=rank, epoch=epoch)
-    reporter = StepReporter(args.job_id, rank, world, dp_rank=rank, pp_stage=0, tp_rank=0,
+    # the data-parallel rank is the shard this process is fed: its place in the group
+    reporter = StepReporter(args.job_id, rank, world, dp_rank=group, pp_stage=0, tp_rank=0,
                             binding_epoch=epoch)
     reporter.heartbeat("init")
 

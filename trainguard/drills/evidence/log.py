@@ -38,6 +38,10 @@ class Step:
     samples: int
     loss: float | None
     pid: int | None
+    # the rank's data shard, whose loss it reports: its data-parallel rank when it says one
+    # (an elastic job's slot is fed the shard of the process-group rank the rendezvous gave
+    # it), else the rank
+    shard: int = 0
 
 
 @dataclass
@@ -139,7 +143,8 @@ def index(events: Sequence[Event], job_id: str) -> JobLog:
         p = e.payload
         if isinstance(p, StepReport):
             log.steps.append(Step(e.event_id, e.event_time, p.rank, p.binding_epoch, p.step,
-                                  p.samples_consumed, p.loss, p.pid))
+                                  p.samples_consumed, p.loss, p.pid,
+                                  p.rank if p.dp_rank is None else p.dp_rank))
         elif isinstance(p, Heartbeat):
             log.heartbeats.append(e)
         elif isinstance(p, Injection):

@@ -8,6 +8,7 @@ import itertools
 from collections import defaultdict
 from collections.abc import Mapping
 
+from trainguard.actuators.pool import LAUNCH_EPOCH
 from trainguard.drills.evidence.log import JobLog
 from trainguard.drills.evidence.model import Artifacts, Check, Status
 from trainguard.events.envelope import Event
@@ -51,6 +52,7 @@ def old_stopped_before_new(log: JobLog) -> Check:
     fenced = log.unit_events(UnitState.FENCED)
     bad: list[str] = []
     cited: list[Event] = []
+    kept = 0
     for b in bound:
         p = b.payload
         assert isinstance(p, PoolUnit)
@@ -62,6 +64,15 @@ def old_stopped_before_new(log: JobLog) -> Check:
         old = max(prev, key=lambda e: e.event_time)
         op = old.payload
         assert isinstance(op, PoolUnit)
+        if LAUNCH_EPOCH in p.resources and (p.unit, p.pid) == (op.unit, op.pid):
+            # an elastic job's replica kept through a migrate: the same launcher, which
+            # restarted its workers; the old epoch's must have stopped reporting first
+            kept += 1
+            cited += [old, b]
+            why = _workers_overlap(log, p.rank, op.epoch, p.epoch)
+            if why:
+                bad.append(why)
+            continue
         fence = [e for e in fenced if isinstance(e.payload, PoolUnit)
                  and e.payload.rank == p.rank and e.payload.epoch == op.epoch
                  and e.payload.pid == op.pid]
@@ -77,8 +88,24 @@ def old_stopped_before_new(log: JobLog) -> Check:
                        f"{op.epoch} (pid {op.pid}) was fenced at {f.event_time}")
     if bad:
         return _check(name, Status.FAIL, "; ".join(bad), cited)
-    return _check(name, Status.PASS, f"{len(bound)} new binding(s), each after the previous "
-                  "replica of its rank was fenced (stopped and confirmed dead)", cited)
+    detail = (f"{len(bound) - kept} new binding(s), each after the previous replica of its "
+              "rank was fenced (stopped and confirmed dead)")
+    if kept:
+        detail += (f"; {kept} replica(s) kept at the new epoch (an elastic job's launchers, "
+                   "which restarted their workers: every report of the old epoch came before "
+                   "the first of the new)")
+    return _check(name, Status.PASS, detail, cited)
+
+
+def _workers_overlap(log: JobLog, rank: int | None, old: int | None, new: int | None
+                     ) -> str | None:
+    """A kept replica's workers: did one of the old epoch report after the new one began?"""
+    olds = [s.time for s in log.steps if s.rank == rank and s.epoch == old]
+    news = [s.time for s in log.steps if s.rank == rank and s.epoch == new]
+    if olds and news and max(olds) > min(news):
+        return (f"rank {rank}: kept through the migrate, yet a worker of epoch {old} reported "
+                f"at {max(olds)}, after epoch {new}'s first report at {min(news)}")
+    return None
 
 
 def no_duplicate_replica(log: JobLog, artifacts: Artifacts | None) -> Check:

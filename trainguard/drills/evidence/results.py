@@ -34,12 +34,14 @@ def loss_within_tolerance(log: JobLog, baseline: Baseline | None, tol: float) ->
     if not after:
         return Check("results", name, Status.NOT_APPLICABLE,
                      "no step report with a loss after the fault: nothing to compare")
-    compared = [(s, baseline.losses[(s.rank, s.step)]) for s in after
-                if (s.rank, s.step) in baseline.losses]
+    # by data shard: a rank's loss is that of the samples it was fed (the baseline's ranks
+    # are their shards)
+    compared = [(s, baseline.losses[(s.shard, s.step)]) for s in after
+                if (s.shard, s.step) in baseline.losses]
     if not compared:
         return Check("results", name, Status.UNEXPLAINED,
                      f"none of the {len(after)} step reports after the fault has a baseline "
-                     "loss at the same rank and step")
+                     "loss at the same data shard and step")
     worst = max(compared, key=lambda c: abs((c[0].loss or 0.0) - c[1]))
     diff = abs((worst[0].loss or 0.0) - worst[1])
     over = [c for c in compared if abs((c[0].loss or 0.0) - c[1]) > tol]
