@@ -4,10 +4,19 @@ orders restarts; the layout is a bijection."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from trainguard_sdk import Identity, IdentityError, Layout, identity_from_env
-from trainguard_sdk.identity import ELASTIC_MAX, REQUEUE_MAX, STEP_MAX, composite_epoch
+from trainguard_sdk.identity import (
+    ELASTIC_MAX,
+    ENV_BINDING_EPOCH_FILE,
+    REQUEUE_MAX,
+    STEP_MAX,
+    composite_epoch,
+    epoch_file,
+)
 
 KEYS = ("TRAINGUARD_JOB_ID", "TRAINGUARD_RANK", "TRAINGUARD_WORLD_SIZE",
         "TRAINGUARD_BINDING_EPOCH", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK",
@@ -96,3 +105,23 @@ def test_a_layout_is_found_again_from_its_groups(order: list[str], tp: int, pp: 
     sizes = {"pp": pp, "dp": dp, "tp": tp}
     mesh = Layout.from_dims([(name, sizes[name]) for name in order])
     assert [mesh.coordinates(r, world) for r in range(world)] == coords
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.binary(max_size=80),
+                 st.integers(min_value=0, max_value=2**33).map(lambda n: f"{n}\n".encode())))
+def test_any_epoch_file_gives_its_epoch_or_one_line(tmp_path_factory: Any, raw: bytes) -> None:
+    """Whatever bytes the epoch file holds (it is on shared storage, outside the process):
+    the epoch when it is a decimal u32, else an ``IdentityError`` of one line naming the
+    variable; never another exception."""
+    path = tmp_path_factory.mktemp("epoch") / "epoch"
+    path.write_bytes(raw)
+    env = {ENV_BINDING_EPOCH_FILE: str(path)}
+    text = raw.decode("ascii", "replace").strip()
+    try:
+        got = epoch_file(env)
+    except IdentityError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(ENV_BINDING_EPOCH_FILE)
+        assert not (text.isdigit() and int(text) <= 2**32 - 1 and len(raw) <= 64)
+    else:
+        assert got == int(text) and got <= 2**32 - 1

@@ -67,3 +67,24 @@ def test_bad_arguments_exit_2_naming_the_field(argv: list[str], env: dict[str, s
         ddp.main(base + argv)
     assert info.value.code == ddp.EXIT_USAGE
     assert needle in capsys.readouterr().err
+
+
+def test_an_elastic_slot_reports_its_slot_and_joins_at_torchruns_rank(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Under torchrun run by the actuator (an elastic job) ``TRAINGUARD_RANK`` is the unit's
+    slot and ``RANK`` the group rank the rendezvous gave this round: reported as the first,
+    joined (and fed the data shard) as the second. A torchrun world other than the job's is
+    refused in one line."""
+    for var in ("SLURM_PROCID", "TRAINGUARD_BINDING_EPOCH_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in {"TRAINGUARD_JOB_ID": "j", "TRAINGUARD_RANK": "2",
+                       "TRAINGUARD_WORLD_SIZE": "3", "RANK": "1", "WORLD_SIZE": "3"}.items():
+        monkeypatch.setenv(var, value)
+    ap = ddp.parser()
+    args = ap.parse_args(["--ckpt-dir", "/x", "--steps", "1"])
+    ddp._check(ap, args)
+    assert (args.rank, args.group_rank, args.world_size) == (2, 1, 3)
+    monkeypatch.setenv("WORLD_SIZE", "6")  # two workers per node: not modelled
+    with pytest.raises(SystemExit):
+        ddp._check(ap, ap.parse_args(["--ckpt-dir", "/x", "--steps", "1"]))
+    assert "RANK '1' with WORLD_SIZE '6'" in capsys.readouterr().err

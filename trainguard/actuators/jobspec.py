@@ -28,11 +28,12 @@ nodes share a file system); nothing else in them is expanded.
 itself (torchrun with c10d rendezvous at a store off the units, ``--max-restarts`` >= 1). A
 migrate then fences and relaunches only the moved ranks' replicas: the new one joins the
 launcher's rendezvous, and the other units' launchers restart their workers into the new round
-from the last valid checkpoint, keeping their replicas and binding epochs (per-unit epochs). A
-resume, and a command an actuator restart finds in flight, still restart every rank. ``{rank}``
-is the unit's slot in the job (``TRAINGUARD_RANK``, what reports and verdicts name), not the
-process-group rank the rendezvous assigns; ``{port}`` and ``{master_addr}`` are refused (a
-relaunched unit must find the survivors where they are: the rendezvous endpoint is fixed).
+from the last valid checkpoint, keeping their replicas (bound at the group's new epoch in
+place). A resume, and a command an actuator restart finds in flight, still restart every
+rank. ``{rank}`` is the unit's slot in the job (``TRAINGUARD_RANK``, what reports and
+verdicts name), not the process-group rank the rendezvous assigns; ``{port}`` and
+``{master_addr}`` are refused (a relaunched unit must find the survivors where they are: the
+rendezvous endpoint is fixed).
 The job's binding epoch is kept in ``<ckpt_dir>/.trainguard-binding-epoch``
 (``TRAINGUARD_BINDING_EPOCH_FILE`` in the ranks' environment): a worker its launcher restarts
 reads the epoch the group was re-formed at there (``trainguard_sdk.identity``).
