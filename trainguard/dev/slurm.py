@@ -643,13 +643,14 @@ NODE_ADDR = "$(ip -4 -br addr show eth0 | tr -s ' ' | cut -d' ' -f3 | cut -d/ -f
 
 def torchrun_argv(rdzv_endpoint: str, *, nnodes: int, nproc_per_node: int, run_id: str,
                   script: Sequence[str], python: str = sys.executable,
-                  max_restarts: int = 0) -> list[str]:
+                  max_restarts: int = 0, rdzv_conf: str = "") -> list[str]:
     """The command ``srun`` starts once per node: a torchrun agent in that node's namespace,
     c10d rendezvous at the head's store, its own address given (``--local-addr``: inside a
     namespace this machine's hostname resolves to localhost, which the other nodes cannot
     reach), gloo on the node's interface. ``max_restarts``: how many times the agent restarts
     its workers after one failed (a membership change, such as a spare joining, restarts them
-    without counting).
+    without counting). ``rdzv_conf``: torchrun's ``--rdzv-conf`` (``join_timeout=60``: how long
+    a round waits for its nodes; 600 s by default).
 
     ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with the rendezvous' TCP store shared (torch's
     default), an agent that was rank 0 before keeps its store info from the first round and
@@ -660,6 +661,7 @@ def torchrun_argv(rdzv_endpoint: str, *, nnodes: int, nproc_per_node: int, run_i
              f"--nnodes {nnodes} --nproc-per-node {nproc_per_node} --rdzv-backend c10d "
              f"--rdzv-endpoint {rdzv_endpoint} --rdzv-id {shlex.quote(run_id)} "
              f"--max-restarts {max_restarts} --local-addr {NODE_ADDR} "
+             + (f"--rdzv-conf {shlex.quote(rdzv_conf)} " if rdzv_conf else "")
              + " ".join(shlex.quote(a) for a in script))
     return ["bash", "-c", inner]
 

@@ -38,7 +38,7 @@ from trainguard.dev.slurm import (
     host_end,
     torchrun_argv,
 )
-from trainguard.drills.job import NODE_LABEL, THREADS, DrillJob
+from trainguard.drills.job import NODE_LABEL, THREADS, DrillJob, Launcher
 
 SPEC = ClusterSpec(nodes=3, spares=1)
 AGENT_INTERVAL_S = 1.0  # node_silent: max(10 agent intervals, 10 s) of silence
@@ -65,7 +65,7 @@ class ClusterJob(DrillJob):
     conf: str = ""  # SLURM_CONF
     cluster_root: str = ""  # the dev cluster's state directory (its power-off command's)
     extra: Mapping[str, Any] = field(default_factory=dict)
-    launcher: str = "srun"  # scenario.LAUNCHERS: srun (a step per rank) or torchrun (elastic)
+    launcher: Launcher = Launcher.SRUN
     rdzv_endpoint: str = ""  # the head's rendezvous store (torchrun's c10d)
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,7 +96,7 @@ class ClusterJob(DrillJob):
         are the agent's (``--max-restarts 3``), and a migrate replaces the moved nodes'
         agents alone."""
         progress = run_dir / "progress"
-        elastic = self.launcher == "torchrun"
+        elastic = self.launcher is Launcher.TORCHRUN
         if elastic:
             command = torchrun_argv(self.rdzv_endpoint, nnodes=self.world, nproc_per_node=1,
                                     run_id="{job_id}", max_restarts=3,
@@ -186,7 +186,7 @@ class ClusterSite:
         return SlurmCli(self.cluster.client_env())
 
     def job(self, base: ClusterJob | None = None, alloc: int = 0,
-            launcher: str = "srun") -> ClusterJob:
+            launcher: Launcher = Launcher.SRUN) -> ClusterJob:
         info = self.require()
         b = base or ClusterJob()
         names = [n.name for n in info.nodes]

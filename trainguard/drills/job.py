@@ -11,8 +11,20 @@ from typing import Any
 
 import yaml
 
+from trainguard.compat import StrEnum
+
 THREADS = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tiny model: one thread each
 NODE_LABEL = "drill_node"  # which (logical) node a unit is on; node loss kills one node's
+
+
+class Launcher(StrEnum):
+    """How the job's ranks start on the Slurm cluster: each rank a step the slurm backend
+    launched (every rank relaunched by a migrate), or each node a torchrun agent step with
+    c10d rendezvous at the head's store (an elastic job: a migrate replaces the moved nodes'
+    agents alone, the others restart their workers into the new round)."""
+
+    SRUN = "srun"
+    TORCHRUN = "torchrun"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from trainguard.configfile import ConfigFileError, finite_in, load_yaml, show
+from trainguard.drills.job import Launcher
 from trainguard.events.payloads import CommandAction, IncidentState, VerdictKind
 
 MAX_NUMBER: Final = 1e9  # no number in a scenario is larger (seconds, counts, ratios)
@@ -108,11 +109,6 @@ FAULT_KINDS: Final[Mapping[str, FaultKind]] = {
 # machine) or ``slurm`` (the dev Slurm cluster, 3 nodes + 1 spare with an agent each, the job's
 # ranks launched as steps by the slurm backend). Faults that need the cluster:
 STACKS: Final = ("local", "slurm")
-# How the job's ranks start on the cluster: ``srun`` (each rank a step the slurm backend
-# launched, every rank relaunched by a migrate) or ``torchrun`` (each node a torchrun agent
-# step, c10d rendezvous at the head's store: an elastic job, a migrate replaces only the
-# moved nodes' agents and the others restart their workers into the new round)
-LAUNCHERS: Final = ("srun", "torchrun")
 CLUSTER_ONLY: Final = frozenset({"cluster_node_loss", "cluster_partition",
                                   "cluster_node_loss_in_broker_outage",
                                   "cluster_head_partition"})
@@ -208,7 +204,7 @@ class Scenario:
     source: str = "<memory>"
     trigger: Fault | None = None
     stack: str = "local"  # one of STACKS
-    launcher: str = "srun"  # one of LAUNCHERS (the slurm stack's)
+    launcher: Launcher = Launcher.SRUN  # how the slurm stack starts the job's ranks
 
 
 _TOP: Final = {"name", "round", "title", "description", "preconditions", "fault", "duration_s",
@@ -285,10 +281,12 @@ def parse_scenario(doc: Any, where: str = "<memory>") -> Scenario:
     if fault.kind in CLUSTER_ONLY and stack != "slurm":
         raise ctx.fail("stack", f"{fault.kind} needs the cluster: stack must be slurm "
                        f"(got {stack!r})")
-    launcher = top.get("launcher", "srun")
-    if launcher not in LAUNCHERS:
-        raise ctx.fail("launcher", f"one of {', '.join(LAUNCHERS)} (got {launcher!r})")
-    if launcher != "srun" and stack != "slurm":
+    raw = top.get("launcher", Launcher.SRUN.value)
+    if raw not in {m.value for m in Launcher}:
+        raise ctx.fail("launcher", f"one of {', '.join(m.value for m in Launcher)} "
+                       f"(got {raw!r})")
+    launcher = Launcher(raw)
+    if launcher is not Launcher.SRUN and stack != "slurm":
         raise ctx.fail("launcher", f"{launcher} runs the job on the cluster: stack must be "
                        f"slurm (got {stack!r})")
     if fault.kind in LOOP_FS_ONLY and stack != "local":
