@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+from trainguard_sdk.checkpoint.atomic import atomic_write_bytes
 
 from trainguard.actuators import cgroups
 from trainguard.actuators.backend import (
@@ -624,20 +625,10 @@ class Executor:
 
 def write_epoch(path: Path, epoch: int) -> None:
     """An elastic job's binding epoch, for its workers to read as they start: written whole
-    (a temporary file, fsync'd, renamed over the old one, the directory fsync'd), so a worker
-    reads the old epoch or the new one, never a part."""
+    (the checkpoints' own atomic write: temp file, fsync, rename, directory fsync), so a
+    worker reads the old epoch or the new one, never a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(f"{epoch}\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write_bytes(path, f"{epoch}\n".encode())
 
 
 def _retry_when_storage(cmd: Command, blocked: bool) -> ActionData | None:
