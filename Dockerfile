@@ -12,4 +12,16 @@ COPY sdk ./sdk
 # workload extra (PyTorch, numpy): the actuator launches the job of deploy/actuator/job.yaml
 # (`python -m trainguard.workload.ddp`) from this image.
 RUN pip install --no-cache-dir ./sdk ".[workload]"
+# The rules' hot modules compiled with mypyc (trainguard/rules/native.py): mypyc type-checks
+# against the installed dependencies, so the package is built again without isolation; the
+# compiler is removed after, and the build fails if the rules would run as pure Python.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir "mypy>=1.11" \
+    && TRAINGUARD_NATIVE=1 pip install --no-cache-dir --no-build-isolation --no-deps \
+       --force-reinstall . \
+    && cd / && python -c "from trainguard.rules import native; m = native.mode(); print(m); \
+assert m.startswith('compiled'), m" \
+    && cd /opt/trainguard && pip uninstall -y mypy \
+    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y \
+    && rm -rf /var/lib/apt/lists/* /opt/trainguard/build
 ENTRYPOINT ["trainguard"]

@@ -8,8 +8,11 @@ verdicts over 100k rank-steps with +-10% and +-20% noise and with a rotating slo
 step report is one sample; a telemetry record counts one sample per GPU. Each figure is printed
 for the straggler rule as it was before issue 14 ("before", bench/legacy_straggler.py), as it was
 on main before the replay-rate work ("main", bench/main_straggler.py: same output, byte for
-byte) and as it is ("after"), in the same run; a side-by-side table of the replay rates with
-the ratios after/before (the pre-issue baseline) and after/main follows them.
+byte) and as it is ("after"), in the same run. The replay rates of "before" and "main" are
+measured with the rules as pure Python (``TRAINGUARD_PURE=1``, in a child process): the code as
+it ran before it was compiled; "after" both ways, pure and as built (``./tg setup`` compiles
+the rules with mypyc: trainguard/rules/native.py). A side-by-side table of the replay rates
+with the ratios after/before (the pre-issue baseline), after/main and compiled/pure follows.
 
 ``--levels L1,L2,...[:M]`` (repeatable) prints only the trade-off the straggler's
 ``effect_levels`` (and ``min_effect`` M) make, one row per set: time-to-verdict at 1.1-2x,
@@ -22,8 +25,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
@@ -35,7 +41,7 @@ from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeTelemetry, StepReport, Verdict
 from trainguard.quality.cases import all_cases
 from trainguard.quality.score import score_suite
-from trainguard.rules import RuleEngine, RuleSet, load_default_rules, replay
+from trainguard.rules import RuleEngine, RuleSet, load_default_rules, native, replay
 from trainguard.rules.synth import gpu, job_steps, step_report, telemetry
 
 T0 = 1_700_000_000_000_000
@@ -184,50 +190,85 @@ def levels_table(rules: RuleSet, sets: list[Levels]) -> None:
               + (f"  wrong: {'; '.join(wrong)}" if wrong else ""))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--levels", action="append", default=[],
-                    type=Levels.parse,
-                    help="only the effect_levels trade-off, for these levels: "
-                         "L1,L2,...[:MIN_EFFECT] (repeatable)")
-    args = ap.parse_args()
-    rules = load_default_rules()
-    if args.levels:
-        levels_table(rules, args.levels)
-        return
-    t_start = time.perf_counter()
+RATE_NAMES = ("mixed", "step reports", "straggler alone")
+
+
+def variant_rates(rules: RuleSet, labels: list[str], extra: bool) -> dict[str, list[float]]:
+    """The replay rates of the variants named, in this process (compiled or not: ``mode``)."""
     mixed = mixed_log(ranks=32, steps=1500, nodes=4)
     steps_only = [e for e in mixed if isinstance(e.payload, StepReport)]
     tele_only = [e for e in mixed if isinstance(e.payload, NodeTelemetry)]
     rates: dict[str, list[float]] = {}
     for label, rs, ctx in variants(rules):
+        if label not in labels:
+            continue
         with ctx:
-            print(f"[{label}] replay rate (all default rules unless said):")
+            print(f"[{label}, {native.mode()}] replay rate (all default rules unless said):")
             rates[label] = [
                 rate("mixed: 32 ranks + 4 nodes x 8 GPUs", mixed, rs),
                 rate("step reports only", steps_only, rs),
                 rate("step reports, straggler rule alone", steps_only,
                      only(rs, lambda k: k == "straggler"))]
-            if label == "after":
+            if label == "after" and extra:
                 rate("telemetry only (8 GPUs/record)", tele_only, rs)
                 rate("step reports, reorder buffer alone (no rules)", steps_only,
                      only(rs, lambda k: False))
                 us, size = snapshot_cost(mixed, rs)
                 print(f"  snapshot + orjson.dumps mid-run (mixed job): {us:,.0f} us, "
                       f"{size:,} bytes")
+    return rates
 
-    names = ("mixed", "step reports", "straggler alone")
-    print("replay rate side by side (samples/s):")
-    print(f"  {'':<18}{'before':>14}{'main':>14}{'after':>14}{'after/before':>14}"
-          f"{'after/main':>12}")
-    for i, n in enumerate(names):
-        bef, mai, aft = rates["before"][i], rates["main"][i], rates["after"][i]
-        print(f"  {n:<18}{bef:>14,.0f}{mai:>14,.0f}{aft:>14,.0f}{aft / bef:>13.2f}x"
-              f"{aft / mai:>11.2f}x")
+
+def pure_rates(labels: list[str]) -> dict[str, list[float]]:
+    """The same variants with the rules run from their sources (``TRAINGUARD_PURE=1``), in a
+    child process: the code as it ran before it was compiled."""
+    env = {**os.environ, native.PURE_ENV: "1"}
+    done = subprocess.run([sys.executable, "-m", "bench.bench_rules", "--rates", ",".join(labels)],
+                          env=env, stdout=subprocess.PIPE, text=True, check=True)
+    *lines, last = done.stdout.splitlines()
+    print("\n".join(lines))
+    got: dict[str, list[float]] = orjson.loads(last)
+    return got
+
+
+def rates_table(pure: dict[str, list[float]], here: dict[str, list[float]]) -> None:
+    mode = "compiled" if native.mode().startswith("compiled") else "pure"
+    print(f"replay rate side by side (samples/s; before and main as pure Python, as they ran; "
+          f"after both ways, 'after' here {native.mode()}):")
+    print(f"  {'':<18}{'before':>12}{'main':>12}{'after pure':>12}{'after ' + mode:>16}"
+          f"{'after/before':>14}{'after/main':>12}{'compiled/pure':>15}")
+    for i, n in enumerate(RATE_NAMES):
+        bef, mai, apu, aft = (pure["before"][i], pure["main"][i], pure["after"][i],
+                              here["after"][i])
+        print(f"  {n:<18}{bef:>12,.0f}{mai:>12,.0f}{apu:>12,.0f}{aft:>16,.0f}"
+              f"{aft / bef:>13.2f}x{aft / mai:>11.2f}x{aft / apu:>14.2f}x")
     for base in ("before", "main"):
         print(f"replay rate after/{base}: " + ", ".join(
-            f"{n} {a / m:.2f}x" for n, a, m in zip(names, rates["after"], rates[base],
+            f"{n} {a / m:.2f}x" for n, a, m in zip(RATE_NAMES, here["after"], pure[base],
                                                          strict=True)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--levels", action="append", default=[],
+                    type=Levels.parse,
+                    help="only the effect_levels trade-off, for these levels: "
+                         "L1,L2,...[:MIN_EFFECT] (repeatable)")
+    ap.add_argument("--rates", help=argparse.SUPPRESS)  # the child of pure_rates
+    args = ap.parse_args()
+    rules = load_default_rules()
+    if args.levels:
+        levels_table(rules, args.levels)
+        return
+    if args.rates:
+        measured = variant_rates(rules, args.rates.split(","), extra=False)
+        print(orjson.dumps(measured).decode())
+        return
+    t_start = time.perf_counter()
+    print(f"rules: {native.mode()}")
+    pure = pure_rates(["before", "main", "after"])
+    here = variant_rates(rules, ["after"], extra=True)
+    rates_table(pure, here)
 
     for label, rs, ctx in variants(rules):
         if label == "main":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import orjson
 
@@ -27,7 +27,7 @@ Evidence = dict[str, Any]  # flat: scalars or lists of scalars (FlatMap)
 class Evaluator(Protocol):
     """One rule over one job's time-ordered events."""
 
-    types: frozenset[str]  # event types the rule reads
+    types: ClassVar[frozenset[str]]  # event types the rule reads
 
     def feed(self, event: Event) -> list[Event]:
         """Take the next event (in event-time order); return the verdict events it decides."""
@@ -168,9 +168,10 @@ class RuleBase:
     snapshot and restore are generic and cannot forget a field.
     """
 
-    types: frozenset[str] = frozenset()
-    kinds: frozenset[VerdictKind] = frozenset()  # every verdict kind the rule can open
-    prompt_types: frozenset[str] = frozenset()  # types ``prompt`` answers for
+    # class attributes (ClassVar: compiled subclasses keep them on the class, native.py)
+    types: ClassVar[frozenset[str]] = frozenset()
+    kinds: ClassVar[frozenset[VerdictKind]] = frozenset()  # every verdict kind it can open
+    prompt_types: ClassVar[frozenset[str]] = frozenset()  # types ``prompt`` answers for
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import Heartbeat, PoolUnit, ProcessExit, StepReport, UnitState
@@ -61,7 +61,8 @@ class Binding:
 
 
 class EpochGate:
-    types = frozenset({"step.report", "heartbeat", "process.exit", "pool.unit"})
+    types: ClassVar[frozenset[str]] = frozenset(
+        {"step.report", "heartbeat", "process.exit", "pool.unit"})
 
     def __init__(self) -> None:
         self.ranks: dict[str, Binding] = {}

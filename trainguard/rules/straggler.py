@@ -54,7 +54,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast, get_type_hints
 
 import orjson
 
@@ -182,14 +182,15 @@ class Params:
 
     @classmethod
     def of(cls, p: dict[str, Any]) -> Params:
-        def conv(name: str, kind: str) -> Any:
+        def conv(name: str, kind: Any) -> Any:
             v = p[name]
-            if kind == "int":
+            if kind is int:
                 return int(v)
-            if kind.startswith("tuple"):
-                return tuple(sorted(float(x) for x in v))
-            return float(v)
-        return cls(**{f.name: conv(f.name, str(f.type)) for f in fields(cls)})
+            if kind is float:
+                return float(v)
+            return tuple(sorted(float(x) for x in v))
+        hints = get_type_hints(cls)
+        return cls(**{f.name: conv(f.name, hints[f.name]) for f in fields(cls)})
 
 
 def null_rate(rate: float, floor: float) -> float:
