@@ -67,7 +67,7 @@ def mixed_log(ranks: int, steps: int, nodes: int) -> list[Event]:
     return sorted(events, key=lambda e: (e.event_time, e.event_id))
 
 
-def rate(label: str, events: list[Event], rules: RuleSet, repeats: int = 3) -> float:
+def rate(label: str, events: list[Event], rules: RuleSet, repeats: int = 5) -> float:
     n = samples(events)
     rates = []
     for _ in range(repeats):
