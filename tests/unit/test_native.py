@@ -16,7 +16,10 @@ import pytest
 
 from trainguard.events.codec import encode
 from trainguard.quality.cases import all_cases
-from trainguard.rules import load_default_rules, native, replay
+from trainguard.rules import RuleEngine, load_default_rules, native, replay
+from trainguard.rules.epochs import EpochGate
+from trainguard.rules.ordering import ReorderBuffer
+from trainguard.rules.registry import EVALUATORS
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +41,13 @@ def case_digests() -> dict[str, str]:
             h.update(encode(v))
         out[case.name] = h.hexdigest()
     return out
+
+
+def test_every_evaluator_and_the_engine_are_in_the_compiled_list() -> None:
+    compiled = {f"{native.PACKAGE}.{m}" for m in native.MODULES}
+    assert {cls.__module__ for cls in EVALUATORS.values()} <= compiled
+    assert {RuleEngine.__module__, ReorderBuffer.__module__, EpochGate.__module__} <= compiled
+    assert all(p.exists() for p in native.sources())
 
 
 def run_pure(code: str) -> str:
