@@ -115,7 +115,7 @@ class LegacyStragglerRule(RuleBase):
                     del settle[rank]
                 continue
             judged.append(rank)
-            got = steps.push_window_stats(hist, rank, row[rank][0], size)
+            got = steps.push_window_stats(hist, rank, row[rank].value, size)
             if got is not None:
                 medians[rank], means[rank] = got
         bursts = self._count_bursts(step, row, judged)
@@ -144,7 +144,7 @@ class LegacyStragglerRule(RuleBase):
                 else:
                     baseline = min(max(base[0] / base[1], 1.0), p["baseline_max_ratio"])
             adj = ratio / baseline
-            time = int(row[rank][1])
+            time = int(row[rank].time)
             over_now = adj > threshold and med - peer_med * baseline > p["min_excess_ms"]
             flags = _push_flag(s["flags"], rank, [over_now, time, step], n)
             key = f"rank:{rank}"
@@ -190,14 +190,14 @@ class LegacyStragglerRule(RuleBase):
         ring = self.s.setdefault("bursts", {})
         if len(judged) - 1 < int(p["min_peers"]):
             return {}
-        values = sorted(row[r][0] for r in judged)
+        values = sorted(row[r].value for r in judged)
         out: dict[str, list[list[Any]]] = {}
         for rank in judged:
-            value = row[rank][0]
+            value = row[rank].value
             peer = median_without(values, bisect.bisect_left(values, value))
             burst = peer > 0 and value >= p["burst_ratio"] * peer and \
                 value - peer >= p["burst_min_excess_ms"]
-            out[rank] = _push_flag(ring, rank, [burst, int(row[rank][1]), step],
+            out[rank] = _push_flag(ring, rank, [burst, int(row[rank].time), step],
                                         int(p["burst_steps"]))
         return out
 

@@ -252,7 +252,7 @@ class MainStragglerRule(RuleBase):
             judged.append(rank)
         if len(judged) < 2:
             return []  # no peer: a lone rank is not judged here
-        values = sorted(row[r][0] for r in judged)
+        values = sorted(row[r].value for r in judged)
         levels = self.levels
         lowest = levels[0]
         limit = self.limit
@@ -268,7 +268,7 @@ class MainStragglerRule(RuleBase):
         out: list[Event] = []
         candidates: list[str] = []
         for rank in judged:
-            value, time = row[rank][0], int(row[rank][1])
+            value, time = row[rank].value, int(row[rank].time)
             peer = median_without(values, bisect.bisect_left(values, value))
             if peer <= 0 or value <= 0:
                 continue
@@ -424,7 +424,7 @@ class MainStragglerRule(RuleBase):
             if excess < q.min_excess_ms:
                 continue
             st.ref, st.effect = med, _recent_effect(st, med, q.n)
-            time = int(row[rank][1])
+            time = int(row[rank].time)
             out.extend(self._open(f"rank:{rank}", rank, st, STAGE_NORMAL, st.first_step,
                                   st.first_time, stage, step, time, len(judged)))
         return out

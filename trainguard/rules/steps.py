@@ -22,18 +22,43 @@ from typing import Any, NamedTuple, TypeVar
 T = TypeVar("T")
 
 
-class Cell(NamedTuple):
-    """One rank's report of a step: its value (compute ms) and event time."""
+class Cell:
+    """One rank's report of a step: its value (compute ms) and event time (JSON: ``[value,
+    time]``). Plain classes, not NamedTuples, here and in ``Pending``: compiled (native.py),
+    they are built without a Python call, three times per step report."""
 
-    value: float
-    time: int
+    __slots__ = ("time", "value")
+
+    def __init__(self, value: float, time: int) -> None:
+        self.value = value
+        self.time = time
+
+    def doc(self) -> list[Any]:
+        return [self.value, self.time]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Cell) and (self.value, self.time) == (other.value, other.time)
+
+    def __repr__(self) -> str:
+        return f"Cell({self.value!r}, {self.time!r})"
 
 
-class Pending(NamedTuple):
+class Pending:
     """A step not closed yet: the reports so far, by rank."""
 
-    step: int
-    row: dict[str, Cell]
+    __slots__ = ("row", "step")
+
+    def __init__(self, step: int, row: dict[str, Cell]) -> None:
+        self.step = step
+        self.row = row
+
+    def doc(self) -> list[Any]:
+        return [self.step, {r: c.doc() for r, c in self.row.items()}]
+
+    @classmethod
+    def of(cls, doc: list[Any]) -> Pending:
+        step, row = doc
+        return cls(int(step), {str(r): Cell(float(c[0]), int(c[1])) for r, c in row.items()})
 
 
 class Flag(NamedTuple):
@@ -74,7 +99,7 @@ class StepGroup:
     def doc(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "ranks": self.ranks,
-            "pending": [[p.step, {r: list(c) for r, c in p.row.items()}] for p in self.pending],
+            "pending": [p.doc() for p in self.pending],
             "closed": self.closed, "max": self.max}
         if self.skip is not None:
             out["skip"] = self.skip
@@ -84,9 +109,7 @@ class StepGroup:
     def from_doc(cls, doc: dict[str, Any]) -> StepGroup:
         skip = doc.get("skip")
         return cls(ranks={str(r): int(v) for r, v in doc["ranks"].items()},
-                   pending=[Pending(int(step), {str(r): Cell(float(c[0]), int(c[1]))
-                                                for r, c in row.items()})
-                            for step, row in doc["pending"]],
+                   pending=[Pending.of(p) for p in doc["pending"]],
                    closed=int(doc["closed"]), max=int(doc["max"]),
                    skip=None if skip is None else int(skip))
 
@@ -122,7 +145,8 @@ def add(group: StepGroup, rank: str, step: int, value: float, time: int,
         group.max = step
     out: list[ClosedStep] = []
     while pending:
-        first, first_row = pending[0]
+        head = pending[0]
+        first, first_row = head.step, head.row
         # "every known rank reported" only once the first step was closed by lag: by then the
         # ranks present at the start are known
         if group.max - first >= close_lag or (

@@ -266,7 +266,7 @@ class StragglerRule(RuleBase):
                  "node": self.node, "settle": self.settle, "seen": self.seen,
                  "ranks": {r: st.doc() for r, st in self.ranks.items()},
                  "cross": self.cross.doc(),
-                 "held": {g: [[p.step, {r: list(c) for r, c in p.row.items()}] for p in rows]
+                 "held": {g: [p.doc() for p in rows]
                           for g, rows in self.held.items()}}
         return {"state": state, "open": self.book.doc()}
 
@@ -279,9 +279,7 @@ class StragglerRule(RuleBase):
         self.seen = {str(r): bool(v) for r, v in s.get("seen", {}).items()}
         self.ranks = {str(r): RankState.from_doc(d) for r, d in s.get("ranks", {}).items()}
         self.cross = StepGroup.from_doc(s["cross"]) if "cross" in s else StepGroup()
-        self.held = {str(g): [Pending(int(step), {str(r): Cell(float(c[0]), int(c[1]))
-                                                  for r, c in row.items()})
-                              for step, row in rows]
+        self.held = {str(g): [Pending.of(p) for p in rows]
                      for g, rows in s.get("held", {}).items()}
         self.book.load(doc["open"])
 
@@ -392,7 +390,7 @@ class StragglerRule(RuleBase):
             judged.append(rank)
         if len(judged) < (1 if stages else 2):
             return []  # no peer: a lone rank is judged against the other stages or not at all
-        values = sorted(row[r][0] for r in judged)
+        values = sorted(row[r].value for r in judged)
         levels = self.levels
         lowest = levels[0]
         limit = self.limit
@@ -418,7 +416,8 @@ class StragglerRule(RuleBase):
         keys = self._keys
         ranks = self.ranks
         for rank in judged:
-            value, time = row[rank]
+            cell = row[rank]
+            value, time = cell.value, cell.time
             peer = ref if stages else median_without(values, bisect.bisect_left(values, value))
             if peer <= 0 or value <= 0:
                 continue
