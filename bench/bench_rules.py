@@ -13,6 +13,8 @@ measured with the rules as pure Python (``TRAINGUARD_PURE=1``, in a child proces
 it ran before it was compiled; "after" both ways, pure and as built (``./tg setup`` compiles
 the rules with mypyc: trainguard/rules/native.py). A side-by-side table of the replay rates
 with the ratios after/before (the pre-issue baseline), after/main and compiled/pure follows.
+"after" also runs one 2,048-node x 8-GPU job's telemetry through the engine (issue 15's
+fleet, records decoded beforehand), pure and compiled.
 
 ``--levels L1,L2,...[:M]`` (repeatable) prints only the trade-off the straggler's
 ``effect_levels`` (and ``min_effect`` M) make, one row per set: time-to-verdict at 1.1-2x,
@@ -36,7 +38,9 @@ from contextlib import AbstractContextManager, nullcontext
 
 import orjson
 
+from bench.fleet import fleet_records
 from bench.legacy import legacy_ruleset, legacy_straggler, main_straggler
+from trainguard.events.codec import decode
 from trainguard.events.envelope import Event
 from trainguard.events.payloads import NodeTelemetry, StepReport, Verdict
 from trainguard.quality.cases import all_cases
@@ -209,6 +213,8 @@ def variant_rates(rules: RuleSet, labels: list[str], extra: bool) -> dict[str, l
                 rate("step reports only", steps_only, rs),
                 rate("step reports, straggler rule alone", steps_only,
                      only(rs, lambda k: k == "straggler"))]
+            if label == "after":
+                fleet_rate(rs)
             if label == "after" and extra:
                 rate("telemetry only (8 GPUs/record)", tele_only, rs)
                 rate("step reports, reorder buffer alone (no rules)", steps_only,
@@ -217,6 +223,21 @@ def variant_rates(rules: RuleSet, labels: list[str], extra: bool) -> dict[str, l
                 print(f"  snapshot + orjson.dumps mid-run (mixed job): {us:,.0f} us, "
                       f"{size:,} bytes")
     return rates
+
+
+def fleet_rate(rules: RuleSet, nodes: int = 2048, seconds: int = 10) -> float:
+    """One job of ``nodes`` 8-GPU nodes at 1 Hz through the engine alone (the records decoded
+    beforehand): node records/s, best of 2."""
+    events = [decode(v) for _, v in fleet_records(nodes, 8, seconds, T0)]
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        replay(events, rules, events[0].job_id)
+        best = min(best, time.perf_counter() - t0)
+    r = len(events) / best
+    print(f"  one job of {nodes} nodes x 8 GPUs, {seconds} s of telemetry, engine alone: "
+          f"{r:,.0f} node records/s = {r * 8:,.0f} samples/s")
+    return r
 
 
 def pure_rates(labels: list[str]) -> dict[str, list[float]]:
