@@ -16,7 +16,7 @@ RUN pip install --no-cache-dir ./sdk ".[workload]"
 # against the installed dependencies, so the package is built again without isolation; the
 # compiler is removed after, and the build fails if the rules would run as pure Python.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && pip install --no-cache-dir "mypy>=1.11" \
+    && pip install --no-cache-dir "mypy>=1.11" "setuptools>=77" wheel \
     && TRAINGUARD_NATIVE=1 pip install --no-cache-dir --no-build-isolation --no-deps \
        --force-reinstall . \
     && cd / && python -c "from trainguard.rules import native; m = native.mode(); print(m); \
