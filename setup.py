@@ -56,15 +56,9 @@ class BuildExtWithStamp(build_ext):
         super().run()
         if not self.extensions:
             return
-        native = _native()
-        if self.inplace:
-            native.write_stamp(ROOT / "trainguard" / "rules")
-        else:
-            target = Path(self.build_lib) / "trainguard" / "rules"
-            for module in native.MODULES:  # the stamp's digests are of these sources
-                shutil.copyfile(ROOT / "trainguard/rules" / f"{module}.py",
-                                target / f"{module}.py")
-            native.write_stamp(target)
+        sources = ROOT / "trainguard" / "rules"  # what mypyc compiled
+        target = sources if self.inplace else Path(self.build_lib) / "trainguard" / "rules"
+        _native().write_stamp(target, sources)
 
 
 def native_extensions() -> list[Any]:

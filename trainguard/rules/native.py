@@ -60,10 +60,11 @@ def ext_suffix() -> str:
     return importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
-def write_stamp(root: Path) -> Path:
-    """After a build: what it was built for, and from which sources."""
+def write_stamp(root: Path, src: Path | None = None) -> Path:
+    """After a build: what it was built for, and from which sources (``src``, default
+    ``root``: the folder the build read them from)."""
     path = root / STAMP.name
-    path.write_text(json.dumps({"ext_suffix": ext_suffix(), "sources": digests(root)},
+    path.write_text(json.dumps({"ext_suffix": ext_suffix(), "sources": digests(src or root)},
                                indent=1, sort_keys=True) + "\n")
     return path
 
@@ -74,6 +75,12 @@ def read_stamp(path: Path = STAMP) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def built_here(root: Path = HERE) -> dict[str, object] | None:
+    """The stamp of a build for this Python, else None (none, unreadable, or another's)."""
+    stamp = read_stamp(root / STAMP.name)
+    return stamp if stamp is not None and stamp.get("ext_suffix") == ext_suffix() else None
 
 
 def changed(stamp: dict[str, object], now: dict[str, str]) -> list[str]:
@@ -98,26 +105,30 @@ class PureFinder(MetaPathFinder):
             fullname, self.root / f"{fullname.rsplit('.', 1)[1]}.py")
 
 
+def forced_pure() -> bool:
+    """Whether ``install`` made this process import the sources."""
+    return any(isinstance(f, PureFinder) for f in sys.meta_path)
+
+
 def mode(root: Path = HERE) -> str:
     """How the rules run in this process, in words (benches print it)."""
-    if any(isinstance(f, PureFinder) for f in sys.meta_path):
+    if forced_pure():
         why = "TRAINGUARD_PURE=1" if os.environ.get(PURE_ENV) == "1" else "stale build"
         return f"pure Python ({why})"
-    stamp = read_stamp(root / STAMP.name)
-    if stamp is None or stamp.get("ext_suffix") != ext_suffix():
+    if built_here(root) is None:
         return "pure Python (not compiled for this Python: ./tg setup compiles it)"
     return f"compiled (mypyc, {len(MODULES)} modules)"
 
 
 def install() -> None:
     """Run the pure sources when asked to, or when the build is stale (see the module doc)."""
-    if any(isinstance(f, PureFinder) for f in sys.meta_path):
+    if forced_pure():
         return
     if os.environ.get(PURE_ENV) == "1":
         sys.meta_path.insert(0, PureFinder())
         return
-    stamp = read_stamp()
-    if stamp is None or stamp.get("ext_suffix") != ext_suffix():
+    stamp = built_here()
+    if stamp is None:
         return
     stale = changed(stamp, digests())
     if stale:
@@ -129,8 +140,8 @@ def install() -> None:
 
 def fresh(root: Path = HERE) -> bool:
     """Whether the in-place build matches the sources, for this Python."""
-    stamp = read_stamp(root / STAMP.name)
-    return (stamp is not None and stamp.get("ext_suffix") == ext_suffix()
+    stamp = built_here(root)
+    return (stamp is not None
             and all((root / f"{m}{ext_suffix()}").exists() for m in MODULES)
             and not changed(stamp, digests(root)))
 
